@@ -1,0 +1,72 @@
+"""Checkpoints in Hugging Face layout, written atomically, found again on resume.
+
+runs/<name>/checkpoints/step-000020/
+  model.safetensors | adapter_model.safetensors, config.json, tokenizer files   (from_pretrained works)
+  train_config.yaml                                                              (the run's resolved config)
+  trainer_state.pt                                                               (optimizer, scheduler, RNG, step, data position)
+A checkpoint is written to a hidden temporary directory and renamed when complete, so a crash mid-save
+never leaves something that looks complete. Directories starting with '.' are ignored by `latest`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import config as config_mod
+
+STATE_FILE = "trainer_state.pt"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int = 2, tag: str = "") -> Path:
+    """Write checkpoint step-NNNNNN (complete or not at all); keep the newest `keep` checkpoints."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}."))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        config_mod.save(cfg, tmp / "train_config.yaml")
+        torch.save({**state, "step": step, "tag": tag}, tmp / STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in complete(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete(root: Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name) and (p / STATE_FILE).exists()]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = complete(Path(run_dir) / "checkpoints")
+    return found[-1] if found else None
+
+
+def load_state(ckpt: Path) -> dict:
+    return torch.load(ckpt / STATE_FILE, weights_only=False)
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    return {"torch": torch.get_rng_state(), "sampler": generator.get_state()}
+
+
+def restore_rng(state: dict, generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["sampler"])

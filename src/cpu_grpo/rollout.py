@@ -1,0 +1,263 @@
+"""Batched sampling for GRPO: G completions for each of B prompts, fast on a CPU.
+
+How it departs from `transformers.generate`:
+1. A bf16 copy of the policy does the sampling; `refresh()` copies the fp32 master weights into it after
+   each optimizer step (one cast, ~0.1 s for 135M parameters). LoRA deltas are merged into the copy.
+2. For Llama-family decoders (llama, qwen2, mistral) a short hand-written forward runs over a preallocated
+   KV cache, so a decode step costs a few large matmuls, not hundreds of small Python calls.
+3. Each prompt is prefilled once and its cache expanded to G rows.
+4. Finished rows are dropped from the batch, so long stragglers do not carry dead rows.
+5. Randomness comes from an explicit `torch.Generator`: a rollout can be replayed from its seed.
+Other architectures fall back to `model.generate` on the bf16 copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+FAST_ARCHS = ("llama", "qwen2", "mistral")
+
+
+def _plain_name(name: str) -> str:
+    """Map a peft parameter name to the plain model's name."""
+    return name.removeprefix("base_model.model.").replace(".base_layer", "")
+
+
+class Sampler:
+    """Holds the rollout copy of a policy and samples from it."""
+
+    def __init__(self, model, dtype: torch.dtype = torch.bfloat16, fast: bool = True):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.policy = model
+        self.dtype = dtype
+        self.net = copy.deepcopy(base).to(dtype).eval()
+        if hasattr(model, "get_base_model"):  # drop the LoRA wrappers from the copy: merged weights only
+            self.net = _unwrap_lora(self.net)
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        self.fast = fast and getattr(self.net.config, "model_type", "") in FAST_ARCHS
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the current policy weights (LoRA deltas merged) into the rollout copy."""
+        mine = dict(self.net.named_parameters())
+        deltas = _lora_deltas(self.policy)
+        for name, p in self.policy.named_parameters():
+            plain = _plain_name(name)
+            if plain in mine:
+                w = p + deltas[plain] if plain in deltas else p
+                mine[plain].copy_(w)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], group_size: int, max_new_tokens: int, eos_ids: list[int],
+                 pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 generator: torch.Generator | None = None) -> list[list[int]]:
+        """Return B*G completions (token ids, EOS included when reached), group-major: row i*G+j."""
+        if not self.fast:
+            return _hf_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature,
+                                top_k, top_p, generator)
+        return _fast_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k,
+                              top_p, generator)
+
+
+def _unwrap_lora(net):
+    """Replace every LoRA layer in a deep copy of a peft base model by its plain base layer."""
+    for name, module in list(net.named_modules()):
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A"):
+            parent_name, _, child = name.rpartition(".")
+            parent = net.get_submodule(parent_name) if parent_name else net
+            setattr(parent, child, module.base_layer)
+    return net
+
+
+def _lora_deltas(model) -> dict[str, Tensor]:
+    out = {}
+    if not hasattr(model, "get_base_model"):
+        return out
+    for name, module in model.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "active_adapters"):
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            out[_plain_name(name) + ".weight"] = delta
+    return out
+
+
+def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
+                 generator: torch.Generator | None) -> Tensor:
+    """logits (N, V) -> token ids (N,); temperature 0 means greedy."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), -math.inf)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fast path: a hand-written Llama-family forward over a preallocated KV cache
+
+
+def _layer_weights(net):
+    inner = net.model
+    return inner, [
+        (layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, layer.mlp) for layer in inner.layers
+    ]
+
+
+def _rms(x: Tensor, norm) -> Tensor:
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype) * norm.weight
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (N, H, T, D), cos/sin (N, 1, T, D)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Grouped-query attention as two batched matmuls; ~15x faster than CPU SDPA for one query token.
+
+    q (N, H, T, D), kt (N, Hkv, D, S) (keys stored transposed: no copy per step), v (N, Hkv, S, D),
+    mask (N, 1, T, S) -> (N, H, T, D)
+    """
+    n, h, t, d = q.shape
+    hkv = kt.shape[1]
+    rep = h // hkv
+    q = q.reshape(n, hkv, rep * t, d)  # heads h = j*rep + r share kv head j
+    scores = (q @ kt).float() * scale  # (N, Hkv, rep*T, S)
+    scores = scores.masked_fill(~mask.repeat(1, 1, rep, 1), -math.inf)
+    return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
+
+
+def _forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]], start: int,
+             key_valid: Tensor) -> Tensor:
+    """Run ids (N, T) at positions pos (N, T); write K/V at cache[start:start+T]; return last hidden (N, H).
+
+    key_valid (N, start+T) marks the cache slots that may be attended to (False for left padding).
+    """
+    inner, layers = _layer_weights(net)
+    n, t = ids.shape
+    x = inner.embed_tokens(ids)  # (N, T, H)
+    cos, sin = inner.rotary_emb(x, pos)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, T, D)
+    end = start + t
+    mask = key_valid[:, None, None, :end].expand(n, 1, t, end)
+    if t > 1:  # prefill: causal inside the new block; a row may always see itself (no all-masked rows)
+        causal = torch.ones(t, end, dtype=torch.bool).tril(start)
+        diagonal = torch.ones(t, end, dtype=torch.bool).tril(start) & ~torch.ones(t, end, dtype=torch.bool).tril(start - 1)
+        mask = (mask & causal) | diagonal
+    for i, (ln1, attn, ln2, mlp) in enumerate(layers):
+        h = _rms(x, ln1)
+        d = attn.head_dim
+        q = attn.q_proj(h).view(n, t, -1, d).transpose(1, 2)
+        k = attn.k_proj(h).view(n, t, -1, d).transpose(1, 2)
+        v = attn.v_proj(h).view(n, t, -1, d).transpose(1, 2)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        kc, vc = cache[i]
+        kc[:, :, :, start:end] = k.transpose(-1, -2)
+        vc[:, :, start:end] = v
+        a = _attention(q, kc[:, :, :, :end], vc[:, :, :end], mask, attn.scaling)
+        x = x + attn.o_proj(a.transpose(1, 2).reshape(n, t, -1))
+        h = _rms(x, ln2)
+        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+    return _rms(x[:, -1], inner.norm)
+
+
+def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
+    cfg = net.config
+    b, g = len(prompts), group_size
+    p_len = max(len(p) for p in prompts)
+    ids = torch.full((b, p_len), pad_id, dtype=torch.long)
+    valid = torch.zeros(b, p_len + max_new_tokens, dtype=torch.bool)
+    for r, p in enumerate(prompts):  # left padding: every row decodes into the same cache slot
+        ids[r, p_len - len(p):] = torch.tensor(p)
+        valid[r, p_len - len(p):] = True
+    pos = (valid[:, :p_len].long().cumsum(-1) - 1).clamp(min=0)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    hkv, slots = cfg.num_key_value_heads, p_len + max_new_tokens
+    cache = [(torch.zeros(b, hkv, head_dim, slots, dtype=net.dtype), torch.zeros(b, hkv, slots, head_dim, dtype=net.dtype))
+             for _ in range(cfg.num_hidden_layers)]
+    last = _forward(net, ids, pos, cache, 0, valid)  # (B, H): one prefill per prompt
+    # expand each prompt's cache to its G rows
+    cache = [(k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)) for k, v in cache]
+    valid = valid.repeat_interleave(g, 0)
+    next_pos = pos[:, -1].repeat_interleave(g, 0) + 1  # (N,)
+    logits = net.lm_head(last).repeat_interleave(g, 0)  # (N, V)
+    rows = torch.arange(b * g)  # original row of each live batch row
+    out: list[list[int]] = [[] for _ in range(b * g)]
+    eos = torch.tensor(eos_ids)
+    for step in range(max_new_tokens):
+        tok = sample_token(logits, temperature, top_k, top_p, generator)
+        for r, t in zip(rows.tolist(), tok.tolist()):
+            out[r].append(t)
+        done = torch.isin(tok, eos)
+        if step == max_new_tokens - 1 or bool(done.all()):
+            break
+        if bool(done.any()):  # drop finished rows from the batch and the cache
+            keep = (~done).nonzero().squeeze(-1)
+            rows, tok, next_pos, valid = rows[keep], tok[keep], next_pos[keep], valid[keep]
+            cache = [(k[keep], v[keep]) for k, v in cache]
+        start = p_len + step
+        last = _forward(net, tok[:, None], next_pos[:, None], cache, start, valid)
+        next_pos = next_pos + 1
+        logits = net.lm_head(last)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# fallback: transformers.generate on the rollout copy
+
+
+def _hf_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
+    p_len = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), p_len), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, p_len - len(p):] = torch.tensor(p)
+        mask[r, p_len - len(p):] = 1
+    if generator is not None:  # generate() draws from the global RNG: seed it from ours
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+    sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or None, top_p=top_p)
+    seqs = net.generate(input_ids=ids.repeat_interleave(group_size, 0),
+                        attention_mask=mask.repeat_interleave(group_size, 0), max_new_tokens=max_new_tokens,
+                        eos_token_id=eos_ids, pad_token_id=pad_id,
+                        **(sampling if temperature > 0 else dict(do_sample=False)))
+    out = []
+    for row in seqs[:, p_len:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        out.append(row[:cut])
+    return out
+
+
+def encode_prompts(tokenizer, questions: list[str], instruction: str = "") -> list[list[int]]:
+    """Chat-format each question (user turn + assistant header) and tokenize it."""
+    out = []
+    for q in questions:
+        content = f"{q}\n{instruction}".strip() if instruction else q
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                 add_generation_prompt=True)
+        else:
+            text = f"Question: {content}\nAnswer:"
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def eos_ids(tokenizer, model) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids.update(extra if isinstance(extra, list) else [extra])
+    return sorted(i for i in ids if i is not None)

@@ -1,0 +1,170 @@
+"""Statistics for before/after claims on a fixed evaluation set: intervals, paired tests, pass@k.
+
+Accuracy on a few hundred problems moves by several points from noise alone, so every number we
+report carries a 95% interval, and every before/after claim is a paired test on the same problems.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def _as_bool_array(values: Sequence[bool], name: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.dtype != bool and not np.isin(arr, (0, 1)).all()):
+        raise ValueError(f"{name} must be a flat sequence of booleans (or 0/1), one per problem")
+    return arr.astype(bool)
+
+
+def _as_pairs(before: Sequence[bool], after: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    b, a = _as_bool_array(before, "before"), _as_bool_array(after, "after")
+    if len(b) != len(a) or len(b) == 0:
+        raise ValueError(
+            f"before and after must score the same, non-empty list of problems (got {len(b)} and {len(a)})"
+        )
+    return b, a
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials; (0.0, 1.0) when n == 0.
+
+    >>> [round(x, 4) for x in wilson_interval(8, 10)]
+    [0.4902, 0.9433]
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n for a proportion, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if k == 0 else max(0.0, center - half)
+    hi = 1.0 if k == n else min(1.0, center + half)
+    return lo, hi
+
+
+def accuracy_summary(correct: Sequence[bool]) -> dict:
+    """{"accuracy", "n", "ci95"}; an empty list gives accuracy 0.0 with the uninformative [0, 1].
+
+    >>> accuracy_summary([True, True, False, True])["accuracy"]
+    0.75
+    """
+    arr = _as_bool_array(correct, "correct")
+    k, n = int(arr.sum()), len(arr)
+    lo, hi = wilson_interval(k, n)
+    return {"accuracy": k / n if n else 0.0, "n": n, "ci95": [lo, hi]}
+
+
+def paired_bootstrap_diff(
+    before: Sequence[bool], after: Sequence[bool], n_boot: int = 10000, seed: int = 0
+) -> tuple[float, tuple[float, float]]:
+    """mean(after) - mean(before), and a percentile 95% interval from resampling problems (pairs).
+
+    Each problem contributes d = after - before in {-1, 0, +1}, so a resample of n pairs is fully
+    described by how many of each it drew: a multinomial draw with the observed frequencies. That
+    is the same distribution as resampling pair indices, in O(n_boot) memory instead of O(n_boot * n).
+    """
+    b, a = _as_pairs(before, after)
+    n = len(b)
+    d = a.astype(int) - b.astype(int)
+    counts = np.array([(d == -1).sum(), (d == 0).sum(), (d == 1).sum()])
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(n, counts / n, size=n_boot)  # (n_boot, 3): drawn -1s, 0s, +1s
+    diffs = (draws[:, 2] - draws[:, 0]) / n  # (n_boot,)
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return float(d.mean()), (float(lo), float(hi))
+
+
+def _discordant(before: Sequence[bool], after: Sequence[bool]) -> tuple[int, int]:
+    """b = #(right before, wrong after), c = #(wrong before, right after)."""
+    bef, aft = _as_pairs(before, after)
+    return int((bef & ~aft).sum()), int((~bef & aft).sum())
+
+
+def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> float:
+    """Exact two-sided McNemar p-value: p = min(1, 2 * P(X <= min(b, c))), X ~ Binomial(b + c, 1/2).
+
+    >>> mcnemar_exact([False] * 6 + [True] * 4, [True] * 10)  # b=0, c=6: 2 * 0.5**6
+    0.03125
+    """
+    b, c = _discordant(before, after)
+    m = b + c
+    if m == 0:
+        return 1.0
+    tail = sum(math.comb(m, i) for i in range(min(b, c) + 1))  # exact integers
+    return min(1.0, tail / 2 ** (m - 1))
+
+
+def paired_comparison(before: Sequence[bool], after: Sequence[bool], seed: int = 0) -> dict:
+    """Everything a before/after claim needs; "significant" means the bootstrap interval excludes 0."""
+    diff, (lo, hi) = paired_bootstrap_diff(before, after, seed=seed)
+    b, c = _discordant(before, after)
+    return {
+        "diff": diff,
+        "ci95": [lo, hi],
+        "p_value": mcnemar_exact(before, after),
+        "n": len(before),
+        "b": b,
+        "c": c,
+        "significant": lo > 0 or hi < 0,
+    }
+
+
+def _points(x: float) -> str:
+    return f"{round(x * 100, 1) + 0.0:+.1f}"  # + 0.0 turns -0.0 into 0.0
+
+
+def significance_sentence(cmp: dict, label: str = "") -> str:
+    """One sentence for a `paired_comparison` result, with an optional "label: " prefix.
+
+    >>> cmp = {"diff": 0.215, "ci95": [0.15, 0.28], "p_value": 0.0001, "significant": True}
+    >>> significance_sentence(cmp, "GSM8K")
+    'GSM8K: +21.5 points (95% CI +15.0 to +28.0, McNemar p = 0.0001): a significant improvement.'
+    >>> significance_sentence({"diff": -0.01, "ci95": [-0.04, 0.02], "p_value": 0.5, "significant": False})
+    '-1.0 points (95% CI -4.0 to +2.0, McNemar p = 0.5): not significant (the interval includes zero).'
+    """
+    lo, hi = cmp["ci95"]
+    p = cmp["p_value"]
+    p_text = "p < 0.0001" if p < 0.0001 else f"p = {p:.2g}"
+    if not cmp["significant"]:
+        verdict = "not significant (the interval includes zero)"
+    else:
+        verdict = "a significant improvement" if lo > 0 else "a significant drop"
+    prefix = f"{label}: " if label else ""
+    return (
+        f"{prefix}{_points(cmp['diff'])} points (95% CI {_points(lo)} to {_points(hi)}, McNemar {p_text}): "
+        f"{verdict}."
+    )
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021),
+    computed as 1 - prod_{i=n-c+1..n} (1 - k/i), which never forms the huge binomials.
+
+    >>> pass_at_k(2, 1, 1), pass_at_k(5, 0, 3), pass_at_k(5, 3, 3)
+    (0.5, 0.0, 1.0)
+    """
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_vote(answers: Sequence[str | None]) -> str | None:
+    """The most common non-None answer, ties to the one seen first; None if there is none.
+
+    Answers are compared as strings, so normalise them first ("18.0" and "18" are different votes).
+
+    >>> majority_vote(["7", None, "8", "8", "7"]), majority_vote([None, None])
+    ('7', None)
+    """
+    counts = Counter(a for a in answers if a is not None)  # keeps first-seen order
+    return max(counts, key=counts.__getitem__) if counts else None

@@ -1,0 +1,60 @@
+"""Experiment tracking: the loop calls `tracker.log(record)` and never branches on the backend.
+
+JSONL (one record per line, flushed each step, so a web page can follow it) and a one-line console
+summary are always on. Optional backends (TensorBoard, trackio, wandb offline) plug in behind `log`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=_jsonable) + "\n")
+
+
+def _jsonable(x):
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSONL file; a half-written last line (a run still writing) is skipped, not an error."""
+    out = []
+    if not Path(path).exists():
+        return out
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.print = print_fn
+        self.total = total_steps
+
+    def log(self, record: dict) -> None:
+        append_jsonl(self.path, record)
+        self.print(self.line(record))
+
+    def line(self, r: dict) -> str:
+        total = f"/{self.total}" if self.total else ""
+        kl = f" kl {r['kl']:.4f}" if not math.isnan(r.get("kl", math.nan)) else ""
+        return (f"step {r['step']}{total} | reward {r['reward']:.3f} acc {r['accuracy']:.2f}"
+                f" zero-std {r['frac_zero_std']:.2f}{kl} | len {r['completion_len']:.0f}"
+                f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
+                f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s | rss {r['peak_rss_mb']:.0f} MB")

@@ -1,0 +1,259 @@
+import doctest
+import sys
+
+import pytest
+
+from cpu_grpo import rewards
+from cpu_grpo.rewards import (
+    BUILTIN_REWARDS,
+    RewardError,
+    answers_match,
+    completion_text,
+    correctness_reward,
+    extract_answer,
+    format_reward,
+    load_reward,
+    parse_number,
+    strict_correctness_reward,
+)
+
+
+def test_doctests():
+    assert doctest.testmod(rewards).failed == 0
+
+
+# ---------------------------------------------------------------------------- text and numbers
+
+
+def test_completion_text():
+    assert completion_text("abc") == "abc"
+    conversation = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "#### 5"}]
+    assert completion_text(conversation) == "#### 5"
+    parts = [{"type": "text", "text": "a"}, {"text": "b"}]
+    assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
+    assert completion_text([]) == ""
+    assert completion_text([{"role": "assistant", "content": None}]) == ""
+    with pytest.raises(RewardError):
+        completion_text(5)
+
+
+@pytest.mark.parametrize(
+    "s, expected",
+    [
+        ("1,234", 1234.0),
+        ("$18", 18.0),
+        ("3.50", 3.5),
+        ("-5", -5.0),
+        ("18.", 18.0),
+        ("1/2", 0.5),
+        ("50%", 50.0),
+        ("-$5", -5.0),
+        ("$-5", -5.0),
+        (" 7 ", 7.0),
+        ("+3", 3.0),
+        (".5", 0.5),
+        ("-3/4", -0.75),
+        ("18.00", 18.0),
+        ("1,234.5,", 1234.5),
+        ("ten", None),
+        ("", None),
+        (".", None),
+        ("1/0", None),
+        ("inf", None),
+        ("nan", None),
+        ("1.2.3", None),
+        ("3 apples", None),
+    ],
+)
+def test_parse_number(s, expected):
+    assert parse_number(s) == expected
+
+
+@pytest.mark.parametrize(
+    "text, auto, strict, flexible",
+    [
+        # GSM8K style: everything finds it.
+        ("3 + 4 = 7 apples.\n#### 7", "7", "7", "7"),
+        # Last "####" wins; trailing '.' and ',' are stripped.
+        ("#### 3\nno wait\n#### 1,234.", "1,234", "1,234", "1,234"),
+        # lm-eval strict needs exactly "#### " then digits; auto reads "$" and markdown.
+        ("#### $1,234.50", "$1,234.50", None, "$1,234.50"),
+        ("#### **18**", "18", None, "18"),
+        ("####\n18 dollars", "18", None, "18"),
+        # \boxed beats the last number; nested braces and \frac are handled.
+        ("so \\boxed{18} and then 5", "18", None, "5"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "1/2", None, "2"),
+        ("\\boxed{-\\dfrac{3}{4}}", "-3/4", None, "4"),
+        ("\\boxed{1{,}000 \\text{ dollars}}", "1,000", None, "000"),
+        # Unclosed box (truncated output) falls through to the last number.
+        ("\\boxed{12", "12", None, "12"),
+        # Answer phrases, last one wins, any case.
+        ("I think the answer is 5. Wait: The answer is 7. Check: 7 * 2 = 14", "7", None, "14"),
+        ("**Final Answer:** $42.", "$42", None, "$42"),
+        ("The answer is:\n\n$18$", "$18", None, "$18$"),
+        # Last number fallback; a minus after a digit is subtraction, not a sign.
+        ("x = 10-4 = 6", "6", None, "6"),
+        ("it drops to -5", "-5", None, "-5"),
+        ("the numbers 3,4,5", "5", None, "3,4,5"),
+        ("no numbers here", None, None, None),
+        # flexible-extract's regex also matches "..."; like lm-eval, that is no answer.
+        ("It is 5 ...", "5", None, None),
+    ],
+)
+def test_extract_answer(text, auto, strict, flexible):
+    assert extract_answer(text) == auto
+    assert extract_answer(text, "auto") == auto
+    assert extract_answer(text, "strict") == strict
+    assert extract_answer(text, "flexible") == flexible
+
+
+def test_extract_answer_bad_mode():
+    with pytest.raises(RewardError, match="use 'auto', 'strict' or 'flexible'"):
+        extract_answer("1", "loose")
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        ("18.00", "18", True),
+        ("$1,234", "1234", True),
+        ("1,234", "1,234", True),
+        ("0.5", "1/2", True),
+        ("-5", "-5", True),
+        ("18", "Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 18", True),  # full GSM8K solution as gold
+        ("0.3333333", "1/3", True),  # |diff| / (1/3) = 1e-7 < 1e-6
+        ("0.3333", "1/3", False),  # 1e-4 relative
+        ("1234568", "1234567", False),  # integers must match exactly
+        ("17", "18", False),
+        (None, "18", False),
+        ("yes", "Yes", True),
+        ("18", "eighteen", False),
+    ],
+)
+def test_answers_match(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+# ---------------------------------------------------------------------------- reward functions
+
+
+def test_correctness_rewards_strings_and_conversations():
+    completions = ["so #### 18", "The answer is 17.", [{"role": "assistant", "content": "\\boxed{18}"}], ""]
+    got = correctness_reward(completions, answer=["18", "18", 18, "18"], prompts=["p"] * 4)
+    assert got == [1.0, 0.0, 1.0, 0.0]
+    got = strict_correctness_reward(completions, answer=["18"] * 4, difficulty=[1] * 4)
+    assert got == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_correctness_reward_misaligned_columns():
+    with pytest.raises(RewardError, match="2 completions but 1 values of column 'answer'"):
+        correctness_reward(["1", "2"], answer=["1"])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3 + 4 = 7\n#### 7", 1.0),  # 0.5 marker + 0.25 at the end + 0.25 work
+        ("Work: <<3*4=12>>\n#### 12.\n", 1.0),  # calculator annotation counts as work; '.' is not substantial
+        ("3 + 4 = 7\n#### 7 apples", 0.75),  # words after the marker
+        ("#### 7\n3 + 4 = 7", 0.5),  # work only after the marker; a digit after it
+        ("#### 7", 0.75),  # no work
+        ("####", 0.0),  # no number
+        ("3 + 4 = 7", 0.25),  # work, no marker
+        ("3 + 4 is 7", 0.0),  # no '='
+        ("x = 7", 0.0),  # no arithmetic
+        ("", 0.0),
+    ],
+)
+def test_format_reward(text, expected):
+    assert format_reward([text], answer=["7"]) == [expected]
+    assert format_reward([[{"role": "assistant", "content": text}]]) == [expected]
+
+
+def test_builtins_take_extra_columns_and_return_floats():
+    for fn in BUILTIN_REWARDS.values():
+        out = fn(["#### 1"], answer=["1"], prompts=["q"], difficulty=[3])
+        assert isinstance(out, list) and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in out)
+
+
+# ---------------------------------------------------------------------------- load_reward
+
+
+def test_load_builtin_and_module():
+    assert load_reward("correctness") is correctness_reward
+    assert load_reward("cpu_grpo.rewards:format_reward") is format_reward
+
+
+def test_load_file_with_function(tmp_path):
+    f = tmp_path / "my_rewards.py"
+    f.write_text(
+        "from dataclasses import dataclass\n"
+        "@dataclass\nclass Cfg:\n    bonus: float = 2.0\n"
+        "def length_reward(completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+        "def helper():\n    pass\n"
+    )
+    fn = load_reward(f"{f}:length_reward")
+    assert fn.__name__ == "length_reward"
+    assert fn(["ab", "c"], answer=["1", "2"]) == [2.0, 1.0]
+    assert load_reward(str(f)).__name__ == "length_reward"  # the one public *reward function
+
+
+def test_load_file_alone_ignores_imported_and_private(tmp_path):
+    f = tmp_path / "r.py"
+    f.write_text(
+        "from cpu_grpo.rewards import correctness_reward\n"
+        "def _private_reward(completions, **kw):\n    return []\n"
+        "def mine_reward(completions, **kw):\n    return [0.0] * len(completions)\n"
+    )
+    assert load_reward(str(f)).__name__ == "mine_reward"
+
+
+def test_load_file_alone_ambiguous_or_none(tmp_path):
+    two = tmp_path / "two.py"
+    two.write_text("def a_reward(c, **k):\n    return []\ndef b_reward(c, **k):\n    return []\n")
+    with pytest.raises(RewardError, match=r"several \(a_reward, b_reward\); name one as"):
+        load_reward(str(two))
+    none = tmp_path / "none.py"
+    none.write_text("def score(c, **k):\n    return []\n")
+    with pytest.raises(RewardError, match=r"functions there: score\)"):
+        load_reward(str(none))
+
+
+def test_load_callable_without_name_gets_one(tmp_path):
+    f = tmp_path / "p.py"
+    f.write_text(
+        "import functools\n"
+        "def base(completions, scale, **kw):\n    return [scale] * len(completions)\n"
+        "scaled = functools.partial(base, scale=3.0)\n"
+    )
+    fn = load_reward(f"{f}:scaled")
+    assert fn.__name__ == "scaled"
+    assert fn(["a", "b"], answer=["1", "2"]) == [3.0, 3.0]
+
+
+def test_load_errors_are_one_sentence(tmp_path):
+    f = tmp_path / "foo.py"
+    f.write_text("def baz(c, **k):\n    return []\ndef qux(c, **k):\n    return []\nX = 3\n")
+    with pytest.raises(RewardError, match=r"file .*foo.py has no function 'bar'; available: baz, qux"):
+        load_reward(f"{f}:bar")
+    with pytest.raises(RewardError, match="has 'X' but it is not callable"):
+        load_reward(f"{f}:X")
+    with pytest.raises(RewardError, match="does not exist; check the path"):
+        load_reward(f"{tmp_path / 'missing.py'}:fn")
+    with pytest.raises(RewardError, match="does not exist"):
+        load_reward(str(tmp_path / "missing.py"))
+    with pytest.raises(RewardError, match="is not a builtin .*correctness.*'package.module:function'"):
+        load_reward("corectness")
+    with pytest.raises(RewardError, match="importing module 'no_such_pkg_xyz.mod' failed"):
+        load_reward("no_such_pkg_xyz.mod:fn")
+    with pytest.raises(RewardError, match="module cpu_grpo.rewards has no function 'nope'"):
+        load_reward("cpu_grpo.rewards:nope")
+
+
+def test_load_file_that_raises(tmp_path):
+    f = tmp_path / "broken.py"
+    f.write_text("def ok_reward(c, **k):\n    return []\nraise RuntimeError('boom')\n")
+    before = set(sys.modules)
+    with pytest.raises(RewardError, match=r"running .*broken.py failed \(RuntimeError: boom\); fix"):
+        load_reward(f"{f}:ok_reward")
+    assert set(sys.modules) == before  # the half-loaded module is not left behind
