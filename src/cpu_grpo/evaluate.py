@@ -23,7 +23,7 @@ def held_out(cfg) -> list[tasks.Example]:
                            on_error="skip" if cfg.skip_bad_lines else "raise")
 
 
-def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 32) -> list[dict]:
+def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 64) -> list[dict]:
     """Greedy completions for every example; one record per problem, written as JSONL when out_path is given."""
     from .rollout import encode_prompts
 

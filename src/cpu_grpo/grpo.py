@@ -47,7 +47,9 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
     tgt = targets.reshape(-1)
     out = []
     for i in range(0, h.shape[0], chunk):
-        logits = (h[i:i + chunk] @ lm_head.t()).float() / temperature  # (chunk, V)
+        logits = (h[i:i + chunk] @ lm_head.t()).float()  # (chunk, V)
+        if temperature != 1.0:
+            logits = logits / temperature
         chosen = logits.gather(-1, tgt[i:i + chunk, None]).squeeze(-1)
         out.append(chosen - torch.logsumexp(logits, dim=-1))
     return torch.cat(out).view(targets.shape)

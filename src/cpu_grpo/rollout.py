@@ -17,10 +17,9 @@ import copy
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-FAST_ARCHS = ("llama", "qwen2", "mistral")
+from .llama import cached_forward, supports
 
 
 def _plain_name(name: str) -> str:
@@ -40,7 +39,7 @@ class Sampler:
             self.net = _unwrap_lora(self.net)
         for p in self.net.parameters():
             p.requires_grad_(False)
-        self.fast = fast and getattr(self.net.config, "model_type", "") in FAST_ARCHS
+        self.fast = fast and supports(self.net)
         self.refresh()
 
     @torch.no_grad()
@@ -101,78 +100,14 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
         logits = logits.masked_fill(drop.scatter(-1, idx, drop), -math.inf)
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # inverse-CDF sampling: one uniform per row (torch.multinomial draws V exponentials per row: 45 ms a step)
+    cdf = logits.softmax(-1).cumsum(-1)  # (N, V)
+    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# fast path: a hand-written Llama-family forward over a preallocated KV cache
-
-
-def _layer_weights(net):
-    inner = net.model
-    return inner, [
-        (layer.input_layernorm, layer.self_attn, layer.post_attention_layernorm, layer.mlp) for layer in inner.layers
-    ]
-
-
-def _rms(x: Tensor, norm) -> Tensor:
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype) * norm.weight
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (N, H, T, D), cos/sin (N, 1, T, D)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
-    """Grouped-query attention as two batched matmuls; ~15x faster than CPU SDPA for one query token.
-
-    q (N, H, T, D), kt (N, Hkv, D, S) (keys stored transposed: no copy per step), v (N, Hkv, S, D),
-    mask (N, 1, T, S) -> (N, H, T, D)
-    """
-    n, h, t, d = q.shape
-    hkv = kt.shape[1]
-    rep = h // hkv
-    q = q.reshape(n, hkv, rep * t, d)  # heads h = j*rep + r share kv head j
-    scores = (q @ kt).float() * scale  # (N, Hkv, rep*T, S)
-    scores = scores.masked_fill(~mask.repeat(1, 1, rep, 1), -math.inf)
-    return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
-
-
-def _forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]], start: int,
-             key_valid: Tensor) -> Tensor:
-    """Run ids (N, T) at positions pos (N, T); write K/V at cache[start:start+T]; return last hidden (N, H).
-
-    key_valid (N, start+T) marks the cache slots that may be attended to (False for left padding).
-    """
-    inner, layers = _layer_weights(net)
-    n, t = ids.shape
-    x = inner.embed_tokens(ids)  # (N, T, H)
-    cos, sin = inner.rotary_emb(x, pos)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (N, 1, T, D)
-    end = start + t
-    mask = key_valid[:, None, None, :end].expand(n, 1, t, end)
-    if t > 1:  # prefill: causal inside the new block; a row may always see itself (no all-masked rows)
-        causal = torch.ones(t, end, dtype=torch.bool).tril(start)
-        diagonal = torch.ones(t, end, dtype=torch.bool).tril(start) & ~torch.ones(t, end, dtype=torch.bool).tril(start - 1)
-        mask = (mask & causal) | diagonal
-    for i, (ln1, attn, ln2, mlp) in enumerate(layers):
-        h = _rms(x, ln1)
-        d = attn.head_dim
-        q = attn.q_proj(h).view(n, t, -1, d).transpose(1, 2)
-        k = attn.k_proj(h).view(n, t, -1, d).transpose(1, 2)
-        v = attn.v_proj(h).view(n, t, -1, d).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        kc, vc = cache[i]
-        kc[:, :, :, start:end] = k.transpose(-1, -2)
-        vc[:, :, start:end] = v
-        a = _attention(q, kc[:, :, :, :end], vc[:, :, :end], mask, attn.scaling)
-        x = x + attn.o_proj(a.transpose(1, 2).reshape(n, t, -1))
-        h = _rms(x, ln2)
-        x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
-    return _rms(x[:, -1], inner.norm)
+# fast path: llama.cached_forward over a preallocated KV cache
 
 
 def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
@@ -189,7 +124,7 @@ def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, te
     hkv, slots = cfg.num_key_value_heads, p_len + max_new_tokens
     cache = [(torch.zeros(b, hkv, head_dim, slots, dtype=net.dtype), torch.zeros(b, hkv, slots, head_dim, dtype=net.dtype))
              for _ in range(cfg.num_hidden_layers)]
-    last = _forward(net, ids, pos, cache, 0, valid)  # (B, H): one prefill per prompt
+    last = cached_forward(net, ids, pos, cache, 0, valid)  # (B, H): one prefill per prompt
     # expand each prompt's cache to its G rows
     cache = [(k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)) for k, v in cache]
     valid = valid.repeat_interleave(g, 0)
@@ -198,19 +133,21 @@ def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, te
     rows = torch.arange(b * g)  # original row of each live batch row
     out: list[list[int]] = [[] for _ in range(b * g)]
     eos = torch.tensor(eos_ids)
+    done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
     for step in range(max_new_tokens):
         tok = sample_token(logits, temperature, top_k, top_p, generator)
-        for r, t in zip(rows.tolist(), tok.tolist()):
-            out[r].append(t)
-        done = torch.isin(tok, eos)
+        for r, t, d in zip(rows.tolist(), tok.tolist(), done.tolist(), strict=True):
+            if not d:
+                out[r].append(t)
+        done = done | torch.isin(tok, eos)
         if step == max_new_tokens - 1 or bool(done.all()):
             break
-        if bool(done.any()):  # drop finished rows from the batch and the cache
+        if int(done.sum()) >= max(1, len(rows) // 8):  # drop finished rows from the batch and the cache
             keep = (~done).nonzero().squeeze(-1)
-            rows, tok, next_pos, valid = rows[keep], tok[keep], next_pos[keep], valid[keep]
+            rows, tok, next_pos, valid, done = rows[keep], tok[keep], next_pos[keep], valid[keep], done[keep]
             cache = [(k[keep], v[keep]) for k, v in cache]
         start = p_len + step
-        last = _forward(net, tok[:, None], next_pos[:, None], cache, start, valid)
+        last = cached_forward(net, tok[:, None], next_pos[:, None], cache, start, valid)
         next_pos = next_pos + 1
         logits = net.lm_head(last)
     return out

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, evaluate, rewards, tasks
+from . import checkpoint, evaluate, llama, rewards, tasks
 from .config import TrainConfig, describe, save
 from .grpo import group_advantages, grpo_loss, token_logprobs
 from .models import load_model, set_threads
@@ -58,31 +58,39 @@ def run_dir_for(cfg: TrainConfig, profile: str = "default") -> Path:
     return Path("runs") / name
 
 
-def completion_batch(prompts: list[list[int]], completions: list[list[int]], group_size: int, pad_id: int):
-    """Left-padded prompts + right-padded completions -> ids (N, P+T), attention mask, completion mask (N, T)."""
-    n = len(completions)
-    p_len = max(len(p) for p in prompts)
-    t_len = max(1, max(len(c) for c in completions))
-    ids = torch.full((n, p_len + t_len), pad_id, dtype=torch.long)
-    attn = torch.zeros(n, p_len + t_len, dtype=torch.long)
-    for i, c in enumerate(completions):
-        p = prompts[i // group_size]
-        ids[i, p_len - len(p):p_len] = torch.tensor(p)
-        attn[i, p_len - len(p):p_len] = 1
-        if c:
-            ids[i, p_len:p_len + len(c)] = torch.tensor(c)
-            attn[i, p_len:p_len + len(c)] = 1
-    return ids, attn, attn[:, p_len:].clone(), p_len
+def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_id: int, temperature: float,
+                   autocast: bool, checkpointing: bool = False):
+    """Log-probs (n, T) of the completions of `groups` (n = len(groups) * G) and their mask (n, T).
 
-
-def sequence_logprobs(model, ids, attn, p_len: int, temperature: float, autocast: bool):
-    """Log-probs (n, T) of the completion tokens ids[:, p_len:] under `model`."""
+    Llama-family models run each prompt once per group (llama.group_forward); others run the full
+    left-padded prompt + completion sequences through the HF decoder.
+    """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ps = [prompts[i] for i in groups]
+    cs = [completions[i * g + j] for i in groups for j in range(g)]
+    p_len, t_len = max(len(p) for p in ps), max(1, max(len(c) for c in cs))
+    pids = torch.full((len(ps), p_len), pad_id, dtype=torch.long)
+    pvalid = torch.zeros(len(ps), p_len, dtype=torch.bool)
+    for r, p in enumerate(ps):
+        pids[r, p_len - len(p):] = torch.tensor(p)
+        pvalid[r, p_len - len(p):] = True
+    cids = torch.full((len(cs), t_len), pad_id, dtype=torch.long)
+    cmask = torch.zeros(len(cs), t_len)
+    for r, c in enumerate(cs):
+        if c:
+            cids[r, :len(c)] = torch.tensor(c)
+            cmask[r, :len(c)] = 1
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        hidden = base.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+        if llama.supports(base):
+            hidden = llama.group_forward(base, pids, pvalid, cids, g, checkpointing)
+        else:
+            ids = torch.cat([pids.repeat_interleave(g, 0), cids], dim=1)
+            attn = torch.cat([pvalid.repeat_interleave(g, 0).long(), cmask.long()], dim=1)
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = base.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+            hidden = out[:, p_len - 1:-1]
         head = base.get_output_embeddings().weight
-        return token_logprobs(hidden[:, p_len - 1:-1], head.to(hidden.dtype), ids[:, p_len:], temperature)
+        return token_logprobs(hidden, head.to(hidden.dtype), cids, temperature), cmask
 
 
 def micro_batches(rows: list[int], size: int):
@@ -175,6 +183,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     if cfg.beta > 0:  # a frozen copy for the KL term; with beta = 0 none is kept
         ref = Sampler(model, dtype=torch.float32).net
     stops = eos_ids(tok, model)
+    pad = tok.pad_token_id
     gen = torch.Generator().manual_seed(cfg.seed)
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     opt, sched = make_optimizer(cfg, model)
@@ -202,7 +211,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
             # ---------------------------------------------------------------- sample
             batch = [train_set[order[(data_pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
             prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
-            completions = sampler.generate(prompts, g, cfg.max_new_tokens, stops, tok.pad_token_id, cfg.temperature,
+            completions = sampler.generate(prompts, g, cfg.max_new_tokens, stops, pad, cfg.temperature,
                                            cfg.top_k, cfg.top_p, gen)
             t1 = time.time()
             if stop.requested:  # discard this rollout; the last complete step is what gets saved
@@ -213,45 +222,45 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
             adv, adv_stats = group_advantages(total, g, cfg.scale_rewards)
             t2 = time.time()
             # ---------------------------------------------------------------- update
-            ids, attn, cmask, p_len = completion_batch(prompts, completions, g, tok.pad_token_id)
             n = len(completions)
-            norm = {"num_seqs": n, "num_tokens": max(1, int(cmask.sum())), "max_len": cfg.max_new_tokens}
-            skip_zero = cfg.beta == 0 and cfg.num_iterations == 1
-            rows = [i for i in range(n) if not (skip_zero and adv[i] == 0)]
-            mb = cfg.micro_batch_size or auto_micro_batch(model, ids.shape[1], n)
-            old = {}
-            if cfg.num_iterations > 1 or ref is not None:  # old and reference log-probs, computed once
+            c_tokens = sum(len(c) for c in completions)
+            norm = {"num_seqs": n, "num_tokens": max(1, c_tokens), "max_len": cfg.max_new_tokens}
+            skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip
+            groups = [i for i in range(len(batch)) if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
+            mb = max(1, (cfg.micro_batch_size or auto_micro_batch(model, len(prompts[0]) + cfg.max_new_tokens, n)) // g)
+            fixed = {}  # old and reference log-probs, computed once before the updates
+            if cfg.num_iterations > 1 or ref is not None:
                 with torch.no_grad():
-                    for part in micro_batches(rows, mb):
-                        ids_m, attn_m, p_m, _ = _slice(ids, attn, cmask, p_len, part)
+                    for part in micro_batches(groups, mb):
                         if cfg.num_iterations > 1:
-                            old[tuple(part), "old"] = sequence_logprobs(model, ids_m, attn_m, p_m, cfg.temperature,
-                                                                        autocast)
+                            fixed[tuple(part), "old"] = group_logprobs(model, prompts, completions, part, g, pad,
+                                                                       cfg.temperature, autocast)[0]
                         if ref is not None:
-                            old[tuple(part), "ref"] = sequence_logprobs(ref, ids_m, attn_m, p_m, cfg.temperature,
-                                                                        autocast)
+                            fixed[tuple(part), "ref"] = group_logprobs(ref, prompts, completions, part, g, pad,
+                                                                       cfg.temperature, autocast)[0]
             sums = {"clip_frac_sum": 0.0, "kl_sum": 0.0}
+            grad_norm = torch.tensor(0.0)
             for _ in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
-                for part in micro_batches(rows, mb):
-                    ids_m, attn_m, p_m, mask_m = _slice(ids, attn, cmask, p_len, part)
-                    logp = sequence_logprobs(model, ids_m, attn_m, p_m, cfg.temperature, autocast)
-                    old_logp = old.get((tuple(part), "old"), logp.detach())
-                    loss, st = grpo_loss(logp, old_logp, old.get((tuple(part), "ref")), adv[part], mask_m, norm,
+                for part in micro_batches(groups, mb):
+                    logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature, autocast,
+                                                cfg.gradient_checkpointing)
+                    rows = [i * g + j for i in part for j in range(g)]
+                    loss, st = grpo_loss(logp, fixed.get((tuple(part), "old"), logp.detach()),
+                                         fixed.get((tuple(part), "ref")), adv[rows], mask, norm,
                                          cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
                     loss.backward()
                     for k, v in st.items():
                         sums[k] += v / cfg.num_iterations
-                grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
-                             if rows else torch.tensor(0.0))
-                opt.step()
+                if groups:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+                    opt.step()
             sched.step()
             sampler.refresh()
             step += 1
             data_pos += cfg.prompts_per_step
             t3 = time.time()
             # ---------------------------------------------------------------- log
-            c_tokens = sum(len(c) for c in completions)
             record = {
                 "step": step, "reward": total.mean().item(),
                 **{f"reward/{k}": float(torch.tensor(v).nanmean()) for k, v in per_fn.items()},
@@ -261,11 +270,12 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
                 "clip_frac": sums["clip_frac_sum"] / norm["num_tokens"],
                 "completion_len": c_tokens / n,
                 "truncated_frac": sum(len(c) >= cfg.max_new_tokens for c in completions) / n,
-                **adv_stats, "frac_skipped": 1 - len(rows) / n, "grad_norm": float(grad_norm),
+                **adv_stats, "frac_skipped": 1 - len(groups) / len(batch), "grad_norm": float(grad_norm),
                 "lr": sched.get_last_lr()[0], "micro_batch": mb,
                 "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
                 "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
-                "train_tok_s": int(attn[rows].sum()) * cfg.num_iterations / max(t3 - t2, 1e-9),
+                "train_tok_s": sum(len(prompts[i]) * g + sum(len(c) for c in completions[i * g:(i + 1) * g])
+                                   for i in groups) * cfg.num_iterations / max(t3 - t2, 1e-9),
                 "peak_rss_mb": peak_rss_mb(), "data_pos": data_pos,
             }
             tracker.log(record)
@@ -288,15 +298,6 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         evaluate.run_eval(sampler, tok, eval_set, cfg, run / "eval_after.jsonl", stops, log)
     evaluate.write_summary(run, cfg, step, time.time() - t_start, log)
     return run
-
-
-def _slice(ids, attn, cmask, p_len, part):
-    """Rows `part` of the batch with padding columns trimmed: (ids, attn, p_len', cmask)."""
-    a = attn[part]
-    lead = int((a[:, :p_len].sum(0) == 0).sum())  # prompt columns that are padding in every row
-    t_len = max(1, int(cmask[part].sum(-1).max()))
-    end = p_len + t_len
-    return ids[part, lead:end], a[:, lead:end], p_len - lead, cmask[part, :t_len]
 
 
 def _save(run, step, model, tok, cfg, opt, sched, gen, data_pos):

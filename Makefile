@@ -1,0 +1,32 @@
+# cpu-grpo: `make demo` runs the default job; `make test` runs the test suite. Both install what they need.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch. On this project's machines `pip install torch==2.13.0` finds it on disk; elsewhere
+# add the CPU wheel index, e.g. make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: install demo test lint clean-venv
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/cpu-grpo demo
+
+test: install
+	$(BIN)/python -m pytest
+	$(BIN)/ruff check src tests bench
+
+lint: install
+	$(BIN)/ruff check src tests bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,141 @@
+"""A short hand-written forward for Llama-family decoders (llama, qwen2, mistral), over the HF modules' weights.
+
+Two uses, both faster on a CPU than the generic HF forward:
+- `cached_forward`: sampling over a preallocated KV cache (rollout.py);
+- `group_forward`: the training pass of GRPO, where the G completions of a prompt share it: the prompt is
+  run once per group and its keys/values are expanded to the G rows, so prompt tokens cost 1/G of their
+  usual forward and backward. Gradients flow through the shared prompt as they would through G copies.
+Modules are called as modules, so LoRA layers (peft) and autocast work unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+ARCHS = ("llama", "qwen2", "mistral")
+
+
+def supports(model) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = base.config
+    return (getattr(cfg, "model_type", "") in ARCHS and not getattr(cfg, "use_sliding_window", False)
+            and hasattr(base, "model") and hasattr(base.model, "rotary_emb"))
+
+
+def _rms(x: Tensor, norm) -> Tensor:
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype) * norm.weight
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (N, H, T, D), cos/sin (N, 1, T, D)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Grouped-query attention as two batched matmuls; ~15x faster than CPU SDPA for one query token.
+
+    q (N, H, T, D), kt (N, Hkv, D, S) (keys transposed), v (N, Hkv, S, D), mask (N, 1, T, S) -> (N, H, T, D)
+    """
+    n, h, t, d = q.shape
+    hkv = kt.shape[1]
+    rep = h // hkv
+    q = q.reshape(n, hkv, rep * t, d)  # heads h = j*rep + r share kv head j
+    scores = (q @ kt).float() * scale  # (N, Hkv, rep*T, S)
+    scores = scores.masked_fill(~mask.repeat(1, 1, rep, 1), -math.inf)
+    return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
+
+
+def _qkv(attn, h: Tensor, cos: Tensor, sin: Tensor):
+    n, t, _ = h.shape
+    d = attn.head_dim
+    q = attn.q_proj(h).view(n, t, -1, d).transpose(1, 2)
+    k = attn.k_proj(h).view(n, t, -1, d).transpose(1, 2)
+    v = attn.v_proj(h).view(n, t, -1, d).transpose(1, 2)
+    return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+
+def _mlp(mlp, x: Tensor, ln) -> Tensor:
+    h = _rms(x, ln)
+    return x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+
+def causal_mask(t: int, start: int) -> Tensor:
+    """(T, start+T): query i sees keys <= start+i."""
+    return torch.ones(t, start + t, dtype=torch.bool).tril(start)
+
+
+def cached_forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]], start: int,
+                   key_valid: Tensor) -> Tensor:
+    """Run ids (N, T) at positions pos (N, T); write K/V at cache slots [start, start+T); return last hidden (N, H).
+
+    cache holds per layer (K transposed (N, Hkv, D, S), V (N, Hkv, S, D)); key_valid (N, S) marks the slots
+    that may be attended to (False for left padding).
+    """
+    inner = net.model
+    n, t = ids.shape
+    x = inner.embed_tokens(ids)  # (N, T, H)
+    cos, sin = (c.unsqueeze(1) for c in inner.rotary_emb(x, pos))  # (N, 1, T, D)
+    end = start + t
+    mask = key_valid[:, None, None, :end] & causal_mask(t, start)
+    mask = mask | ~mask.any(-1, keepdim=True)  # a fully padded query row sees everything (its output is unused)
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        q, k, v = _qkv(attn, _rms(x, layer.input_layernorm), cos, sin)
+        kc, vc = cache[i]
+        kc[:, :, :, start:end] = k.transpose(-1, -2)
+        vc[:, :, start:end] = v
+        a = attention(q, kc[:, :, :, :end], vc[:, :, :end], mask, attn.scaling)
+        x = x + attn.o_proj(a.transpose(1, 2).reshape(n, t, -1))
+        x = _mlp(layer.mlp, x, layer.post_attention_layernorm)
+    return _rms(x[:, -1], inner.norm)
+
+
+def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, group_size: int,
+                  checkpointing: bool = False) -> Tensor:
+    """Hidden states that predict each completion token, with one prompt pass per group.
+
+    prompt_ids/prompt_valid (b, P) left-padded; comp_ids (b*G, T) right-padded (padding is attended to
+    by nothing that matters: it only follows the real tokens). Returns (b*G, T, H): row t predicts token t.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = base.model
+    b, p = prompt_ids.shape
+    n, t = comp_ids.shape
+    g = group_size
+    p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
+    c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
+    xp = inner.embed_tokens(prompt_ids)
+    xc = inner.embed_tokens(comp_ids)
+    cos_p, sin_p = (c.unsqueeze(1) for c in inner.rotary_emb(xp, p_pos))
+    cos_c, sin_c = (c.unsqueeze(1) for c in inner.rotary_emb(xc, c_pos))
+    mask_p = prompt_valid[:, None, None, :] & causal_mask(p, 0)  # (b, 1, P, P)
+    mask_p = mask_p | ~mask_p.any(-1, keepdim=True)
+    mask_c = torch.cat([prompt_valid.repeat_interleave(g, 0)[:, None, None, :].expand(n, 1, t, p),
+                        causal_mask(t, 0).expand(n, 1, t, t)], dim=-1)  # (N, 1, T, P+T)
+
+    def layer_fn(layer, xp, xc):
+        attn = layer.self_attn
+        qp, kp, vp = _qkv(attn, _rms(xp, layer.input_layernorm), cos_p, sin_p)
+        qc, kc, vc = _qkv(attn, _rms(xc, layer.input_layernorm), cos_c, sin_c)
+        ap = attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)
+        keys = torch.cat([kp.repeat_interleave(g, 0), kc], dim=2)  # (N, Hkv, P+T, D)
+        values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
+        ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)
+        xp = xp + attn.o_proj(ap.transpose(1, 2).reshape(b, p, -1))
+        xc = xc + attn.o_proj(ac.transpose(1, 2).reshape(n, t, -1))
+        return (_mlp(layer.mlp, xp, layer.post_attention_layernorm),
+                _mlp(layer.mlp, xc, layer.post_attention_layernorm))
+
+    for layer in inner.layers:
+        if checkpointing and torch.is_grad_enabled():
+            xp, xc = torch.utils.checkpoint.checkpoint(layer_fn, layer, xp, xc, use_reentrant=False)
+        else:
+            xp, xc = layer_fn(layer, xp, xc)
+    # the last prompt position predicts completion token 0; completion position t predicts token t+1
+    last_p = xp[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
+    return _rms(torch.cat([last_p, xc[:, :-1]], dim=1), inner.norm)

@@ -1,0 +1,57 @@
+"""The command line: fast --help, one-sentence errors, config overrides reach the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cpu_grpo.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "cpu_grpo.cli", *args], capture_output=True, text=True)
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from cpu_grpo.cli import main\ntry: main(['--help'])\nexcept SystemExit: pass\n" \
+           "assert 'torch' not in sys.modules, 'torch imported for --help'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "train" in done.stdout and "eval" in done.stdout
+
+
+def test_train_help_lists_config_fields():
+    out = run_cli("train", "--help").stdout
+    assert "--learning-rate" in out and "--num-generations" in out and "--profile" in out
+
+
+def test_bad_config_is_one_sentence(capsys):
+    assert main(["train", "--num-generations", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpu-grpo: num_generations must be >= 2") and err.count("\n") == 1
+
+
+def test_bad_value_and_unknown_profile(capsys):
+    assert main(["train", "--steps", "many"]) == 2
+    assert "cannot read 'many' as int" in capsys.readouterr().err
+    assert main(["train", "--profile", "fast"]) == 2
+    assert "unknown profile 'fast'" in capsys.readouterr().err
+
+
+def test_bad_data_path_is_one_sentence(tiny_model, tmp_path, capsys):
+    code = main(["train", "--model", tiny_model, "--task", str(tmp_path / "nope.jsonl"), "--output-dir",
+                 str(tmp_path / "run")])
+    assert code == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_malformed_jsonl_names_file_and_line(tiny_model, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "1 + 1 = 2\\n#### 2"}\n{"question": "oops"\n')
+    assert main(["train", "--model", tiny_model, "--task", str(data), "--output-dir", str(tmp_path / "r")]) == 2
+    assert f"{data}:2:" in capsys.readouterr().err
+
+
+def test_eval_command_on_a_checkpoint_dir(tiny_model, capsys):
+    assert main(["eval", "--model", tiny_model, "--n", "4", "--max-new-tokens", "8"]) == 0
+    assert "| basic | 4 |" in capsys.readouterr().out

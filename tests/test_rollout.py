@@ -1,0 +1,106 @@
+"""The fast sampler must not change the math: greedy equals generate(), seeded sampling replays, fast
+training log-probs equal a plain HF forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from cpu_grpo import llama
+from cpu_grpo.rollout import Sampler, sample_token
+from cpu_grpo.train import group_logprobs
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
+
+
+@pytest.fixture(params=["tiny_model", "tiny_qwen"])
+def model(request):
+    return AutoModelForCausalLM.from_pretrained(request.getfixturevalue(request.param)).eval()
+
+
+def hf_greedy(model, prompt, n, eos):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                         pad_token_id=eos)[0, len(prompt):].tolist()
+    return out[:out.index(eos) + 1] if eos in out else out
+
+
+def test_fast_path_is_used(model):
+    assert Sampler(model, dtype=torch.float32).fast
+
+
+def test_greedy_matches_generate_token_for_token(model):
+    eos = model.config.eos_token_id
+    sampler = Sampler(model, dtype=torch.float32)
+    out = sampler.generate(PROMPTS, 2, 20, [eos], model.config.pad_token_id, temperature=0)
+    assert len(out) == 6
+    for i, p in enumerate(PROMPTS):
+        ref = hf_greedy(model, p, 20, eos)
+        assert out[2 * i] == ref and out[2 * i + 1] == ref  # both rows of a group, left padding included
+
+
+def test_greedy_stops_at_eos_and_keeps_it(model):
+    sampler = Sampler(model, dtype=torch.float32)
+    first = sampler.generate(PROMPTS[:1], 1, 20, [0], 0, temperature=0)[0]
+    eos = first[3]  # pretend the 4th greedy token is the end of sequence
+    out = sampler.generate(PROMPTS[:1], 1, 20, [eos], 0, temperature=0)[0]
+    assert out == first[:first.index(eos) + 1]
+
+
+def test_seeded_sampling_replays_and_differs_across_seeds(model):
+    sampler = Sampler(model, dtype=torch.float32)
+    run = [sampler.generate(PROMPTS, 4, 12, [0], 0, 1.0, generator=torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    assert run[0] == run[1]
+    assert run[0] != run[2]
+    assert len({tuple(c) for c in run[0][:4]}) > 1  # a group's samples differ from each other
+
+
+def test_bf16_copy_follows_the_policy_after_refresh(model):
+    sampler = Sampler(model)
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    assert not torch.allclose(sampler.net.lm_head.weight.float(), model.lm_head.weight, atol=1e-2)
+    sampler.refresh()
+    assert torch.allclose(sampler.net.lm_head.weight.float(), model.lm_head.weight, atol=2e-2)
+
+
+def test_sample_token_respects_top_k_and_distribution():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0001]])).repeat(20000, 1)
+    tok = sample_token(logits, 1.0, 0, 1.0, g)
+    freq = torch.bincount(tok, minlength=4).float() / len(tok)
+    assert torch.allclose(freq[:3], torch.tensor([0.5, 0.3, 0.2]), atol=0.015)
+    assert sample_token(logits[:1000], 1.0, 2, 1.0, g).max() <= 1  # top-2 keeps tokens 0 and 1
+    assert sample_token(logits[:1000], 1.0, 0, 0.6, g).max() <= 1  # 0.5 + 0.3 reaches top_p 0.6
+    assert (sample_token(logits[:5], 0.0, 0, 1.0, g) == 0).all()  # temperature 0: greedy
+
+
+def test_group_logprobs_fast_path_matches_full_forward(model):
+    completions = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 9], [12, 13, 14, 15, 16], []]
+    fast, mask = group_logprobs(model, PROMPTS, completions, [0, 1, 2], 2, 0, 1.0, autocast=False)
+    for i, c in enumerate(completions):
+        p = PROMPTS[i // 2]
+        logits = model(torch.tensor([p + c])).logits[0, len(p) - 1:-1] if c else None
+        if c:
+            ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+            assert torch.allclose(fast[i, :len(c)], ref, atol=1e-5)
+        assert mask[i].sum() == len(c)  # padding never counts
+
+
+def test_group_logprobs_gradients_match_hf_path(model, monkeypatch):
+    completions = [[1, 2, 3], [4, 5], [5, 6, 7, 8], [9, 9, 9], [12, 13], [14]]
+    grads = []
+    for fast in (True, False):
+        monkeypatch.setattr(llama, "supports", lambda m, fast=fast: fast)
+        model.zero_grad()
+        lp, mask = group_logprobs(model, PROMPTS, completions, [0, 1, 2], 2, 0, 1.0, autocast=False)
+        (lp * mask).sum().backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def test_bf16_logprobs_close_to_fp32(model):
+    completions = [[1, 2, 3, 4, 5, 6]] * 2
+    lp32, _ = group_logprobs(model, PROMPTS[:1], completions, [0], 2, 0, 1.0, autocast=False)
+    lp16, _ = group_logprobs(model, PROMPTS[:1], completions, [0], 2, 0, 1.0, autocast=True)
+    assert (lp32 - lp16).abs().max() < 0.1  # stated tolerance for bf16 autocast on a random tiny model

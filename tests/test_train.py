@@ -1,0 +1,124 @@
+"""End to end on a tiny random model: 3 steps change the weights, write checkpoints and 3 JSONL records,
+and --resume continues at step 4 with the same data order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cpu_grpo import checkpoint, config
+from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.train import train
+
+REWARD = '''
+def length_reward(completions, **kwargs):
+    """A reward with variance inside every group, so a random model gets a gradient."""
+    return [len(c) / 10 for c in completions]
+'''
+
+
+def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
+    values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
+                  max_new_tokens=12, eval_size=6, eval_max_new_tokens=8, save_every=2, rewards=[f"{reward}:length_reward"],
+                  reward_weights=[1.0], learning_rate=1e-3, train_size=50)
+    values.update(kw)
+    return config.build(None, None, values)
+
+
+@pytest.fixture
+def reward_file(tmp_path) -> Path:
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARD)
+    return path
+
+
+def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file), log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["frac_zero_std"] < 1 for m in metrics)
+    ckpts = checkpoint.complete(out / "checkpoints")
+    assert [c.name for c in ckpts] == ["step-000002", "step-000003"]
+    last = ckpts[-1]
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "train_config.yaml", "trainer_state.pt"):
+        assert (last / name).exists(), name
+    trained = load_file(last / "model.safetensors")
+    base = load_file(Path(tiny_model) / "model.safetensors")
+    changed = [k for k in base if not torch.equal(base[k], trained[k])]
+    assert len(changed) > len(base) // 2  # full fine-tuning moved most tensors
+    groups = read_jsonl(out / "groups.jsonl")
+    assert len(groups) == 3 * 2 and len(groups[0]["completions"]) == 4 and "advantages" in groups[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["model"] == tiny_model and summary["wall_seconds"] > 0
+    level = summary["levels"]["basic"]
+    assert level["before"]["n"] == 6 and len(level["after"]["ci95"]) == 2 and "diff" in level["delta"]
+    assert (out / "report.md").read_text().startswith("# GRPO run")
+
+    state = checkpoint.load_state(last)
+    assert state["step"] == 3 and state["data_pos"] == 6
+    train(tiny_cfg(tiny_model, out, reward_file, steps=5), resume=True, log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    assert metrics[-1]["data_pos"] == 10  # the data order continued where it stopped
+
+
+def test_resume_replays_the_same_step(tiny_model, tmp_path, reward_file):
+    """Stopping after step 2 and resuming gives step 3 exactly as an uninterrupted run does."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(tiny_cfg(tiny_model, a, reward_file, eval_size=0), log=lambda *x: None)
+    train(tiny_cfg(tiny_model, b, reward_file, eval_size=0, steps=2), log=lambda *x: None)
+    train(tiny_cfg(tiny_model, b, reward_file, eval_size=0), resume=True, log=lambda *x: None)
+    ga, gb = read_jsonl(a / "groups.jsonl"), read_jsonl(b / "groups.jsonl")
+    assert [g["completions"] for g in ga if g["step"] == 3] == [g["completions"] for g in gb if g["step"] == 3]
+
+
+def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
+    before = (out / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit, match="already holds a run"):
+        train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("variant", [dict(beta=0.05, num_iterations=2, loss_type="grpo"),
+                                     dict(use_lora=True, loss_type="dr_grpo", gradient_checkpointing=True)])
+def test_variants_run(tiny_model, tmp_path, reward_file, variant):
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, steps=2, eval_size=0, **variant), log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert len(metrics) == 2
+    if variant.get("beta"):
+        assert metrics[-1]["kl"] >= 0
+    if variant.get("use_lora"):
+        assert (checkpoint.latest(out) / "adapter_model.safetensors").exists()
+
+
+def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--model", tiny_model, "--output-dir", str(out),
+           "--steps", "100000", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "8",
+           "--eval-size", "0", "--save-every", "0", "--rewards", f"{reward_file}:length_reward", "--reward-weights", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 120
+    for line in proc.stdout:
+        if line.startswith("step 2/") or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, rest
+    assert "stopped at step" in rest and "--resume" in rest
+    ckpt = checkpoint.latest(out)
+    assert ckpt is not None and (ckpt / "model.safetensors").exists()
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no half-written dir
