@@ -315,8 +315,6 @@ def test_padding_never_leaks(loss_type):
     assert stats_b == pytest.approx(stats_a, abs=ATOL)
 
 
-@pytest.mark.xfail(strict=True, reason="masking multiplies by 0, and inf * 0 = nan: a non-finite log-prob at a "
-                                       "padded position turns the loss into nan")
 def test_padding_with_non_finite_values_does_not_leak():
     logp, old, ref, adv, mask, norm = random_batch(1)
     pad = mask == 0

@@ -164,6 +164,10 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
 def coerce(f: dataclasses.Field, value):
     """Turn a CLI string or YAML value into the field's type, with a clear error."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if value is None:
+        raise ConfigError(f"{f.name} has no value: give one, or remove the key to use the default.")
+    if kind in ("int", "float") and isinstance(value, bool) or kind == "int" and isinstance(value, float):
+        raise ConfigError(f"{f.name}: cannot read {value!r} as {kind}.")
     try:
         if kind.startswith("list"):
             items = value.split(",") if isinstance(value, str) else list(value)

@@ -9,8 +9,9 @@ Letters: B prompts, G samples per prompt, N = B*G sequences, T completion tokens
 4. Aggregation is a choice, since it decides how long answers are weighted (see `LOSS_TYPES`). Every
    variant divides by a normaliser computed over the *whole* batch, so micro-batching with gradient
    accumulation gives the same gradient as one big batch.
-5. With one update per rollout, old log-probs are the current ones detached: the loss value is ~0 while
-   its gradient is the policy gradient. A loss of 0 is not a bug.
+5. With one update per rollout, old log-probs are the current ones detached: the ratio is 1, so the loss
+   value is just -sum(A * mask) / normaliser (exactly 0 for `grpo` with centred advantages) while its
+   gradient is the policy gradient. A loss near 0 is not a bug.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     norm: {"num_seqs", "num_tokens", "max_len"} of the whole batch, so micro-batches add up exactly.
     Returns the loss to backpropagate and sums for logging (divide by the batch's token count).
     """
+    keep = mask.bool()
     mask = mask.to(logp.dtype)
+    # padded positions are zeroed before exp, so a non-finite value there cannot leak in as inf * 0 = nan
+    logp, old_logp = torch.where(keep, logp, 0.0), torch.where(keep, old_logp, 0.0)
     ratio = torch.exp(logp - old_logp)  # (n, T)
     adv = advantages[:, None]
     unclipped = ratio * adv
@@ -91,7 +95,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     per_token = -torch.min(unclipped, clipped)
     stats = {"clip_frac_sum": (((unclipped > clipped).float()) * mask).sum().item()}
     if beta > 0:
-        delta = ref_logp - logp
+        delta = torch.where(keep, ref_logp, 0.0) - logp
         kl = torch.exp(delta) - delta - 1  # k3 estimator, >= 0
         per_token = per_token + beta * kl
         stats["kl_sum"] = (kl * mask).sum().item()

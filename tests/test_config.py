@@ -1,0 +1,282 @@
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from cpu_grpo.config import PROFILES, ConfigError, TrainConfig, build, coerce, describe, help_text, load_file, save
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+# ---------------------------------------------------------------------------- defaults and validation
+
+
+def test_defaults_validate():
+    cfg = TrainConfig()
+    cfg.validate()
+    assert cfg.rewards == ["correctness", "format"] and cfg.reward_weights == [1.0, 0.2]
+    assert cfg.loss_type == "dapo" and cfg.scale_rewards == "group" and cfg.num_generations == 8
+
+
+def test_list_defaults_are_not_shared():
+    a, b = TrainConfig(), TrainConfig()
+    a.rewards.append("x")
+    assert b.rewards == ["correctness", "format"]
+
+
+def test_every_field_has_help():
+    for name in FIELDS:
+        assert help_text(name).strip(), name
+
+
+def test_describe_has_one_line_per_field():
+    lines = describe(TrainConfig()).splitlines()
+    assert len(lines) == len(FIELDS)
+    assert "  steps: 60" in lines
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(steps=-1), "steps must be >= 0"),
+    (dict(prompts_per_step=0), "prompts_per_step must be >= 1"),
+    (dict(num_generations=1), "num_generations must be >= 2: GRPO compares samples within a group"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    (dict(temperature=-0.1), "temperature must be >= 0"),
+    (dict(top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(top_p=1.5), "top_p must be in (0, 1]"),
+    (dict(rewards=[], reward_weights=[]), "give at least one reward function"),
+    (dict(rewards=["correctness"]), "rewards has 1 entries but reward_weights has 2: give one weight per reward"),
+    (dict(reward_weights=[1.0]), "rewards has 2 entries but reward_weights has 1: give one weight per reward"),
+    (dict(loss_type="ppo"), "loss_type must be grpo, dapo or dr_grpo"),
+    (dict(scale_rewards="std"), "scale_rewards must be group, batch or none"),
+    (dict(beta=-0.01), "beta must be >= 0"),
+    (dict(epsilon=1.0), "epsilon must be in [0, 1), epsilon_high >= 0"),
+    (dict(epsilon=-0.1), "epsilon must be in [0, 1), epsilon_high >= 0"),
+    (dict(epsilon_high=-0.1), "epsilon must be in [0, 1), epsilon_high >= 0"),
+    (dict(num_iterations=0), "num_iterations must be >= 1"),
+    (dict(learning_rate=0.0), "learning_rate must be > 0"),
+    (dict(lr_scheduler="step"), "lr_scheduler must be constant, linear or cosine"),
+    (dict(micro_batch_size=-1), "micro_batch_size must be >= 0 (0: automatic)"),
+    (dict(eval_size=-1), "eval_size must be >= 0 and train_size >= 1"),
+    (dict(train_size=0), "eval_size must be >= 0 and train_size >= 1"),
+    (dict(save_every=-1), "save_every >= 0 and keep_checkpoints >= 1"),
+    (dict(keep_checkpoints=0), "save_every >= 0 and keep_checkpoints >= 1"),
+])
+def test_validation_rules(kw, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(**kw)
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the same through build
+        build(overrides=kw)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(steps=0), dict(num_generations=2), dict(temperature=0.0), dict(top_p=1.0), dict(beta=0.0),
+    dict(epsilon=0.0, epsilon_high=0.0), dict(micro_batch_size=0), dict(eval_size=0, train_size=1),
+    dict(save_every=0, keep_checkpoints=1), dict(rewards=["format"], reward_weights=[0.5]),
+])
+def test_boundary_values_are_accepted(kw):
+    TrainConfig(**kw)
+
+
+def test_validate_after_mutation():
+    cfg = TrainConfig()
+    cfg.num_generations = 1
+    with pytest.raises(ConfigError, match="num_generations must be >= 2"):
+        cfg.validate()
+
+
+# ---------------------------------------------------------------------------- profiles and precedence
+
+
+def test_build_without_anything_is_the_defaults():
+    assert build() == TrainConfig()
+    assert build(profile="default") == TrainConfig()
+
+
+def test_quick_profile():
+    cfg = build(profile="quick")
+    assert (cfg.steps, cfg.prompts_per_step, cfg.num_generations, cfg.max_new_tokens) == (8, 4, 4, 96)
+    assert (cfg.eval_size, cfg.eval_max_new_tokens, cfg.save_every) == (40, 160, 4)
+    assert cfg.learning_rate == 1e-5 and cfg.loss_type == "dapo"  # untouched fields keep their defaults
+    assert PROFILES["quick"]["steps"] == 8  # building does not mutate the profile
+
+
+def test_unknown_profile():
+    with pytest.raises(ConfigError, match="unknown profile 'fast': use one of quick, default"):
+        build(profile="fast")
+
+
+def test_precedence_defaults_profile_file_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 5\nnum_generations: 6\n")
+    cfg = build(profile="quick", file=str(path), overrides={"steps": "3"})
+    assert cfg.steps == 3  # override (3) > file (5) > profile (8) > default (60)
+    assert cfg.num_generations == 6  # file (6) > profile (4) > default (8)
+    assert cfg.max_new_tokens == 96  # profile (96) > default (160)
+    assert cfg.learning_rate == 1e-5  # default
+    assert PROFILES["quick"]["steps"] == 8
+
+
+def test_unknown_key_in_overrides():
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) stpes: "):
+        build(overrides={"stpes": 3})
+
+
+def test_unknown_keys_in_file_are_all_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 5\nlr: 0.1\nbatch: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) batch, lr: "):  # sorted
+        build(file=str(path))
+
+
+# ---------------------------------------------------------------------------- coercion of CLI strings
+
+
+def test_cli_strings_are_coerced():
+    cfg = build(overrides={"steps": "8", "learning_rate": "1e-5", "bf16": "false", "use_lora": "true",
+                           "rewards": "a,b", "reward_weights": "1,0.5", "model": "qwen2.5-0.5b"})
+    assert cfg.steps == 8 and type(cfg.steps) is int
+    assert cfg.learning_rate == 1e-5 and type(cfg.learning_rate) is float
+    assert cfg.bf16 is False and cfg.use_lora is True
+    assert cfg.rewards == ["a", "b"]
+    assert cfg.reward_weights == [1.0, 0.5] and all(type(w) is float for w in cfg.reward_weights)
+    assert cfg.model == "qwen2.5-0.5b"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("true", True), ("TRUE", True), ("yes", True), ("on", True), ("1", True),
+    ("false", False), ("False", False), ("no", False), ("off", False), ("0", False),
+    (True, True), (False, False),
+])
+def test_bool_coercion(text, expected):
+    assert coerce(FIELDS["bf16"], text) is expected
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("rewards", "a, b", ["a", "b"]),  # spaces stripped
+    ("rewards", "a,b,", ["a", "b"]),  # empty items dropped
+    ("rewards", "correctness", ["correctness"]),  # one name
+    ("rewards", ["x", "y"], ["x", "y"]),  # a YAML list passes through
+    ("reward_weights", [1, 2], [1.0, 2.0]),  # YAML ints become floats
+    ("reward_weights", "1, 0.5", [1.0, 0.5]),
+    ("temperature", "0.7", 0.7),
+    ("temperature", 1, 1.0),
+    ("top_k", "0", 0),
+])
+def test_other_coercions(name, value, expected):
+    out = coerce(FIELDS[name], value)
+    assert out == expected
+    assert type(out) is type(expected)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("steps", "abc"), ("steps", "8.0"), ("learning_rate", "fast"), ("bf16", "maybe"), ("bf16", "2"),
+    ("reward_weights", "1,x"), ("reward_weights", 1.0), ("steps", 8.5), ("steps", True), ("learning_rate", True),
+])
+def test_bad_values(name, value):
+    with pytest.raises(ConfigError, match=re.escape(f"{name}: cannot read {value!r} as ")):
+        build(overrides={name: value})
+
+
+def test_null_value_names_the_field():
+    with pytest.raises(ConfigError, match="steps has no value"):
+        build(overrides={"steps": None})
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    # PyYAML reads 1e-5 (no dot) as the string '1e-5': coercion must still give a float
+    path.write_text("learning_rate: 1e-5\nrewards: [correctness]\nreward_weights: [1]\nbf16: no\n")
+    assert load_file(path)["learning_rate"] == "1e-5"
+    cfg = build(file=str(path))
+    assert cfg.learning_rate == 1e-5 and cfg.rewards == ["correctness"] and cfg.reward_weights == [1.0]
+    assert cfg.bf16 is False
+
+
+def test_json_file(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"steps": 7, "loss_type": "grpo"}))
+    cfg = build(file=str(path))
+    assert cfg.steps == 7 and cfg.loss_type == "grpo"
+
+
+def test_empty_file_is_no_overrides(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_file(path) == {}
+    assert build(file=str(path)) == TrainConfig()
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=re.escape(f"config file not found: {path}: check the path.")):
+        build(file=str(path))
+    with pytest.raises(ConfigError, match="config file not found"):  # a directory is not a file
+        load_file(tmp_path)
+
+
+def test_malformed_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("steps: [1, 2\nbeta: 0.1\n")
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + r": cannot parse it .*: fix the syntax\."):
+        load_file(path)
+
+
+def test_malformed_json(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"steps": 3,}')
+    with pytest.raises(ConfigError, match=re.escape(str(path)) + ": cannot parse it"):
+        build(file=str(path))
+
+
+def test_yaml_top_level_list(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- steps: 3\n- beta: 0.1\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: expected a mapping of field: value at the top level")):
+        build(file=str(path))
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = build(profile="quick", overrides={"rewards": "correctness,format,length", "reward_weights": "1,0.2,0.05",
+                                            "learning_rate": "3e-6", "bf16": "false", "run_name": "r1",
+                                            "instruction": "Answer: '#### <n>'\nnow."})
+    path = tmp_path / "config.yaml"
+    save(cfg, path)
+    assert TrainConfig(**load_file(path)) == cfg
+    assert build(file=str(path)) == cfg
+
+
+# ---------------------------------------------------------------------------- import cost
+
+
+def test_importing_config_does_not_import_torch():
+    code = "import cpu_grpo.config, sys; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------- suspected bugs
+
+
+def test_float_for_an_int_field_is_rejected():
+    with pytest.raises(ConfigError, match="steps"):
+        build(overrides={"steps": 8.5})
+
+
+def test_yaml_null_for_a_str_field_is_not_the_string_none(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("run_name:\n")
+    try:
+        cfg = build(file=str(path))
+    except ConfigError:
+        return  # an error naming the field would be fine
+    assert cfg.run_name != "None"
