@@ -323,3 +323,19 @@ def test_padding_with_non_finite_values_does_not_leak():
     old = torch.where(pad, -math.inf, old)
     loss, _ = grpo_loss(logp, old, ref, adv, mask, norm, beta=0.1, loss_type="dapo")
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("temperature, chunk", [(1.0, 4), (0.7, 4), (1.0, 100)])
+def test_token_logprobs_gradients_match_log_softmax(temperature, chunk):
+    # the backward pass recomputes logits chunk by chunk: its gradients must equal autograd's through log_softmax
+    torch.manual_seed(0)
+    h = torch.randn(3, 5, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    tg = torch.randint(0, 11, (3, 5))
+    g = torch.randn(3, 5)
+    ref = torch.log_softmax((h @ w.t()) / temperature, -1).gather(-1, tg[..., None]).squeeze(-1)
+    (ref * g).sum().backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    (token_logprobs(h, w, tg, temperature, chunk=chunk) * g).sum().backward()
+    assert torch.allclose(h.grad, gh, atol=1e-5) and torch.allclose(w.grad, gw, atol=1e-5)

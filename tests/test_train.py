@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from cpu_grpo import checkpoint, config
+from cpu_grpo.cli import main
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
@@ -101,7 +102,9 @@ def test_variants_run(tiny_model, tmp_path, reward_file, variant):
     if variant.get("beta"):
         assert metrics[-1]["kl"] >= 0
     if variant.get("use_lora"):
-        assert (checkpoint.latest(out) / "adapter_model.safetensors").exists()
+        ckpt = checkpoint.latest(out)
+        assert (ckpt / "adapter_model.safetensors").exists()
+        assert main(["eval", "--model", str(ckpt), "--n", "2", "--max-new-tokens", "4"]) == 0  # base + adapter
 
 
 def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):

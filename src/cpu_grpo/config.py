@@ -37,12 +37,12 @@ class TrainConfig:
         "Solve the problem step by step. Write the final answer on its own last line as '#### <number>'.",
         "text appended to every question in the user message")
     # -- rollouts
-    steps: int = _f(60, "optimizer steps")
+    steps: int = _f(30, "optimizer steps")
     prompts_per_step: int = _f(8, "prompts per step (B)")
     num_generations: int = _f(8, "completions sampled per prompt (G), the group of GRPO")
-    max_new_tokens: int = _f(160, "completion length limit during training")
+    max_new_tokens: int = _f(96, "completion length limit during training")
     eval_max_new_tokens: int = _f(256, "completion length limit during evaluation (greedy)")
-    temperature: float = _f(1.0, "sampling temperature for rollouts")
+    temperature: float = _f(0.7, "sampling temperature for rollouts (log-probs use the same temperature)")
     top_k: int = _f(0, "top-k sampling for rollouts (0: off)")
     top_p: float = _f(1.0, "nucleus sampling for rollouts (1.0: off)")
     # -- rewards
@@ -57,7 +57,7 @@ class TrainConfig:
     epsilon_high: float = _f(0.2, "upper clip of the ratio: 1 + epsilon_high (DAPO uses 0.28)")
     num_iterations: int = _f(1, "updates per rollout batch; > 1 stores old log-probs")
     # -- optimisation
-    learning_rate: float = _f(1e-5, "AdamW learning rate")
+    learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
     warmup_steps: int = _f(0, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
@@ -74,7 +74,6 @@ class TrainConfig:
     run_name: str = _f("", "name of the run (default: the profile and a timestamp)")
     save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
     keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first)")
-    log_samples: int = _f(4, "sample completions saved per step")
     threads: int = _f(0, "torch threads (0: one per physical core)")
 
     def __post_init__(self):

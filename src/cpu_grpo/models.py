@@ -67,7 +67,7 @@ def resolve_model(spec: str, log=print) -> str:
             raise ModelError(f"model file not found: {spec}: check the path, or pass an alias ({_aliases()}).")
         return str(_convert_gguf_cached(path, log))
     if path.is_dir():
-        if not (path / "config.json").exists():
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise ModelError(f"{spec} is a directory without config.json: point --model at a Hugging Face model "
                              "directory (config.json, weights, tokenizer), a .gguf file, a hub id or an alias.")
         return str(path)
@@ -174,6 +174,19 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = resolve_model(spec, log)
+    adapter = Path(where) / "adapter_config.json"
+    if adapter.exists():  # a LoRA checkpoint: its base model, with the adapter merged in
+        import json
+
+        from peft import PeftModel
+
+        base = json.loads(adapter.read_text())["base_model_name_or_path"]
+        model, _ = load_model(base, trust_remote_code, log)
+        model = PeftModel.from_pretrained(model, where).merge_and_unload()
+        tok = AutoTokenizer.from_pretrained(where)
+        tok.pad_token = tok.pad_token or tok.eos_token
+        tok.padding_side = "left"
+        return model, tok
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
     except ValueError as e:

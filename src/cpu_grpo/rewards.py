@@ -227,7 +227,7 @@ def _format_score(text: str) -> float:
     if markers:
         last = markers[-1]
         score += 0.5
-        if not re.search(r"[^\W_]", text[last.end() :]):
+        if len(markers) == 1 and not re.search(r"[^\W_]", text[last.end() :]):
             score += 0.25
         work = text[: last.start()]
     if any("=" in line and _ARITH_RE.search(line) for line in work.splitlines()):
@@ -240,13 +240,16 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
 
     The rule, summed:
     - 0.5 if the text contains "####" followed (spaces or tabs allowed) by a number;
-    - 0.25 if nothing substantial follows the last such number: no letter or digit after it
-      (whitespace, punctuation and markdown are allowed), so the marker ends the text;
+    - 0.25 if there is exactly one such marker and nothing substantial follows its number: no letter or
+      digit after it (whitespace, punctuation and markdown are allowed), so the answer ends the text
+      (a model that repeats "#### N" lines until the length limit does not get this part);
     - 0.25 if a line of work holds a number, an operator (+ - * / x × ÷), a number, and "="
       ("3 + 4 = 7", "<<3*4=12>>"): before the last marker, or anywhere when there is no marker.
 
     >>> format_reward(["3 + 4 = 7\\n#### 7", "#### 7 because 3 + 4 = 7", "3 + 4 = 7", "I don't know"])
     [1.0, 0.5, 0.25, 0.0]
+    >>> format_reward(["3 + 4 = 7\\n#### 7\\n#### 7"])
+    [0.75]
     """
     return [_format_score(completion_text(c)) for c in completions]
 
