@@ -35,7 +35,7 @@ def test_every_field_has_help():
 def test_describe_has_one_line_per_field():
     lines = describe(TrainConfig()).splitlines()
     assert len(lines) == len(FIELDS)
-    assert "  steps: 60" in lines
+    assert f"  steps: {TrainConfig().steps}" in lines
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -103,7 +103,7 @@ def test_quick_profile():
     cfg = build(profile="quick")
     assert (cfg.steps, cfg.prompts_per_step, cfg.num_generations, cfg.max_new_tokens) == (8, 4, 4, 96)
     assert (cfg.eval_size, cfg.eval_max_new_tokens, cfg.save_every) == (40, 160, 4)
-    assert cfg.learning_rate == 1e-5 and cfg.loss_type == "dapo"  # untouched fields keep their defaults
+    assert cfg.learning_rate == TrainConfig().learning_rate and cfg.loss_type == "dapo"  # untouched fields keep their defaults
     assert PROFILES["quick"]["steps"] == 8  # building does not mutate the profile
 
 
@@ -119,7 +119,7 @@ def test_precedence_defaults_profile_file_overrides(tmp_path):
     assert cfg.steps == 3  # override (3) > file (5) > profile (8) > default (60)
     assert cfg.num_generations == 6  # file (6) > profile (4) > default (8)
     assert cfg.max_new_tokens == 96  # profile (96) > default (160)
-    assert cfg.learning_rate == 1e-5  # default
+    assert cfg.learning_rate == TrainConfig().learning_rate  # default
     assert PROFILES["quick"]["steps"] == 8
 
 

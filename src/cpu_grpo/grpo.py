@@ -57,7 +57,9 @@ class _ChunkedLogprob(torch.autograd.Function):
         out = torch.empty(h.shape[0], dtype=torch.float32)
         lse = torch.empty(h.shape[0], dtype=torch.float32)
         for i in range(0, h.shape[0], chunk):
-            logits = (h[i:i + chunk] @ w.t()).float() / temperature  # (chunk, V)
+            logits = (h[i:i + chunk] @ w.t()).float()  # (chunk, V)
+            if temperature != 1.0:
+                logits.div_(temperature)
             lse[i:i + chunk] = torch.logsumexp(logits, dim=-1)
             out[i:i + chunk] = logits.gather(-1, tgt[i:i + chunk, None]).squeeze(-1) - lse[i:i + chunk]
         ctx.save_for_backward(h, w, tgt, lse)
@@ -71,10 +73,14 @@ class _ChunkedLogprob(torch.autograd.Function):
         grad_w = torch.zeros(w.shape, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         for i in range(0, h.shape[0], ctx.chunk):
             hc, gc = h[i:i + ctx.chunk], grad[i:i + ctx.chunk, None]
-            logits = (hc @ w.t()).float() / ctx.temperature
-            d = -torch.exp(logits - lse[i:i + ctx.chunk, None]) * gc  # (chunk, V): (onehot - softmax) * grad
-            d.scatter_add_(-1, tgt[i:i + ctx.chunk, None], gc)
-            d = (d / ctx.temperature).to(h.dtype)
+            d = (hc @ w.t()).float()  # (chunk, V) logits, recomputed; then in place: -softmax * grad
+            if ctx.temperature != 1.0:
+                d.div_(ctx.temperature)
+            d.sub_(lse[i:i + ctx.chunk, None]).exp_().mul_(-gc)
+            d.scatter_add_(-1, tgt[i:i + ctx.chunk, None], gc)  # + onehot * grad
+            if ctx.temperature != 1.0:
+                d.div_(ctx.temperature)
+            d = d.to(h.dtype)
             if grad_h is not None:
                 grad_h[i:i + ctx.chunk] = d @ w
             if grad_w is not None:

@@ -30,10 +30,17 @@ def _rms(x: Tensor, norm) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype) * norm.weight
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (N, H, T, D), cos/sin (N, 1, T, D)
+def _rope_tables(rotary, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+    """cos and a sign-folded sin, (N, 1, T, D): rotate_half(x) * sin == swap_halves(x) * signed_sin."""
+    cos, sin = rotary(x, pos)
+    half = sin.shape[-1] // 2
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(1), signed.unsqueeze(1)
+
+
+def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:  # x (N, H, T, D), tables (N, 1, T, D)
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
 
 
 def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -52,11 +59,17 @@ def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> T
 
 def _qkv(attn, h: Tensor, cos: Tensor, sin: Tensor):
     n, t, _ = h.shape
-    d = attn.head_dim
-    q = attn.q_proj(h).view(n, t, -1, d).transpose(1, 2)
-    k = attn.k_proj(h).view(n, t, -1, d).transpose(1, 2)
-    v = attn.v_proj(h).view(n, t, -1, d).transpose(1, 2)
-    return _rope(q, cos, sin), _rope(k, cos, sin), v
+    q, k, v = _project(attn, h)
+    return _heads(q, n, t, attn.head_dim, cos, sin), _heads(k, n, t, attn.head_dim, cos, sin), \
+        v.view(n, t, -1, attn.head_dim).transpose(1, 2)
+
+
+def _project(attn, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+
+def _heads(x: Tensor, n: int, t: int, d: int, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rope(x.view(n, t, -1, d).transpose(1, 2), cos, sin)
 
 
 def _mlp(mlp, x: Tensor, ln) -> Tensor:
@@ -79,7 +92,7 @@ def cached_forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tens
     inner = net.model
     n, t = ids.shape
     x = inner.embed_tokens(ids)  # (N, T, H)
-    cos, sin = (c.unsqueeze(1) for c in inner.rotary_emb(x, pos))  # (N, 1, T, D)
+    cos, sin = _rope_tables(inner.rotary_emb, x, pos)  # (N, 1, T, D)
     end = start + t
     mask = key_valid[:, None, None, :end] & causal_mask(t, start)
     mask = mask | ~mask.any(-1, keepdim=True)  # a fully padded query row sees everything (its output is unused)
@@ -101,6 +114,8 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
 
     prompt_ids/prompt_valid (b, P) left-padded; comp_ids (b*G, T) right-padded (padding is attended to
     by nothing that matters: it only follows the real tokens). Returns (b*G, T, H): row t predicts token t.
+    Prompt and completion rows go through each projection as one matrix (bigger matmuls); only attention
+    treats them apart.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     inner = base.model
@@ -109,33 +124,33 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     g = group_size
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
-    xp = inner.embed_tokens(prompt_ids)
-    xc = inner.embed_tokens(comp_ids)
-    cos_p, sin_p = (c.unsqueeze(1) for c in inner.rotary_emb(xp, p_pos))
-    cos_c, sin_c = (c.unsqueeze(1) for c in inner.rotary_emb(xc, c_pos))
+    x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
+    cos_p, sin_p = _rope_tables(inner.rotary_emb, x, p_pos)
+    cos_c, sin_c = _rope_tables(inner.rotary_emb, x, c_pos)
     mask_p = prompt_valid[:, None, None, :] & causal_mask(p, 0)  # (b, 1, P, P)
     mask_p = mask_p | ~mask_p.any(-1, keepdim=True)
     mask_c = torch.cat([prompt_valid.repeat_interleave(g, 0)[:, None, None, :].expand(n, 1, t, p),
                         causal_mask(t, 0).expand(n, 1, t, t)], dim=-1)  # (N, 1, T, P+T)
+    split = b * p
 
-    def layer_fn(layer, xp, xc):
-        attn = layer.self_attn
-        qp, kp, vp = _qkv(attn, _rms(xp, layer.input_layernorm), cos_p, sin_p)
-        qc, kc, vc = _qkv(attn, _rms(xc, layer.input_layernorm), cos_c, sin_c)
-        ap = attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)
+    def layer_fn(layer, x):
+        attn, d = layer.self_attn, layer.self_attn.head_dim
+        q, k, v = _project(attn, _rms(x, layer.input_layernorm))
+        qp, kp = _heads(q[:split], b, p, d, cos_p, sin_p), _heads(k[:split], b, p, d, cos_p, sin_p)
+        qc, kc = _heads(q[split:], n, t, d, cos_c, sin_c), _heads(k[split:], n, t, d, cos_c, sin_c)
+        vp, vc = v[:split].view(b, p, -1, d).transpose(1, 2), v[split:].view(n, t, -1, d).transpose(1, 2)
+        ap = attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)  # (b, H, P, D)
         keys = torch.cat([kp.repeat_interleave(g, 0), kc], dim=2)  # (N, Hkv, P+T, D)
         values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
-        ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)
-        xp = xp + attn.o_proj(ap.transpose(1, 2).reshape(b, p, -1))
-        xc = xc + attn.o_proj(ac.transpose(1, 2).reshape(n, t, -1))
-        return (_mlp(layer.mlp, xp, layer.post_attention_layernorm),
-                _mlp(layer.mlp, xc, layer.post_attention_layernorm))
+        ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)  # (N, H, T, D)
+        a = torch.cat([ap.transpose(1, 2).reshape(split, -1), ac.transpose(1, 2).reshape(n * t, -1)])
+        return _mlp(layer.mlp, x + attn.o_proj(a), layer.post_attention_layernorm)
 
     for layer in inner.layers:
         if checkpointing and torch.is_grad_enabled():
-            xp, xc = torch.utils.checkpoint.checkpoint(layer_fn, layer, xp, xc, use_reentrant=False)
+            x = torch.utils.checkpoint.checkpoint(layer_fn, layer, x, use_reentrant=False)
         else:
-            xp, xc = layer_fn(layer, xp, xc)
+            x = layer_fn(layer, x)
     # the last prompt position predicts completion token 0; completion position t predicts token t+1
-    last_p = xp[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
-    return _rms(torch.cat([last_p, xc[:, :-1]], dim=1), inner.norm)
+    last_p = x[:split].view(b, p, -1)[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
+    return _rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm)

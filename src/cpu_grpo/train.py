@@ -90,7 +90,8 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
             out = base.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
             hidden = out[:, p_len - 1:-1]
         head = base.get_output_embeddings().weight
-        return token_logprobs(hidden, head.to(hidden.dtype), cids, temperature), cmask
+    dtype = torch.bfloat16 if autocast else head.dtype  # explicit: autocast does not reach a backward pass
+    return token_logprobs(hidden.to(dtype), head.to(dtype), cids, temperature), cmask
 
 
 def micro_batches(rows: list[int], size: int):
@@ -98,14 +99,19 @@ def micro_batches(rows: list[int], size: int):
         yield rows[i:i + size]
 
 
-def auto_micro_batch(model, seq_len: int, n: int) -> int:
-    """Sequences per forward/backward from free memory: activations ~ layers * hidden * 34 bytes per token."""
+def auto_micro_groups(model, tokens_per_group: int) -> int:
+    """Groups per forward/backward from free memory.
+
+    Activations kept for the backward pass are ~ layers * hidden * 60 bytes per token under bf16 autocast
+    (~1 MB a token for SmolLM2-135M); the budget is a quarter of the free memory, at most 1.5 GB, so the
+    peak stays close to weights + optimizer state.
+    """
     import psutil
 
     cfg = model.config
-    per_token = cfg.num_hidden_layers * cfg.hidden_size * 34 + 4 * cfg.vocab_size  # bytes, bf16 autocast
-    budget = psutil.virtual_memory().available * 0.4
-    return int(max(1, min(n, budget // (per_token * seq_len), 16)))
+    per_token = cfg.num_hidden_layers * cfg.hidden_size * 60
+    budget = min(psutil.virtual_memory().available * 0.25, 1.5e9)
+    return int(max(1, budget // (per_token * tokens_per_group)))
 
 
 def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Example], prompts_text: list[str]):
@@ -157,6 +163,8 @@ def prepare_model(cfg: TrainConfig, log):
 def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=print) -> Path:
     """Train with GRPO; evaluate before and after on held-out problems; write the report. Returns the run dir."""
     t_start = time.time()
+    if resume and not (cfg.output_dir or cfg.run_name):
+        raise SystemExit("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
     ckpt = checkpoint.latest(run) if resume else None
     if resume and ckpt is None:
@@ -227,7 +235,9 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
             norm = {"num_seqs": n, "num_tokens": max(1, c_tokens), "max_len": cfg.max_new_tokens}
             skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip
             groups = [i for i in range(len(batch)) if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
-            mb = max(1, (cfg.micro_batch_size or auto_micro_batch(model, len(prompts[0]) + cfg.max_new_tokens, n)) // g)
+            tokens_per_group = max(len(p) for p in prompts) + g * max(len(c) for c in completions)
+            mb = cfg.micro_batch_size // g if cfg.micro_batch_size else auto_micro_groups(model, tokens_per_group)
+            mb = max(1, mb)
             fixed = {}  # old and reference log-probs, computed once before the updates
             if cfg.num_iterations > 1 or ref is not None:
                 with torch.no_grad():
@@ -271,7 +281,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
                 "completion_len": c_tokens / n,
                 "truncated_frac": sum(len(c) >= cfg.max_new_tokens for c in completions) / n,
                 **adv_stats, "frac_skipped": 1 - len(groups) / len(batch), "grad_norm": float(grad_norm),
-                "lr": sched.get_last_lr()[0], "micro_batch": mb,
+                "lr": sched.get_last_lr()[0], "micro_batch_groups": mb,
                 "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
                 "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
                 "train_tok_s": sum(len(prompts[i]) * g + sum(len(c) for c in completions[i * g:(i + 1) * g])
