@@ -62,7 +62,8 @@ def bench_cell(model, tok, sampler, b: int, g: int, new: int, reps: int) -> dict
             roll.append(n_comp / t_roll)
             train.append((seq_tokens / t_train, 6 * n_params * engine_tokens / t_train / 1e9))
     return {"cell": f"{b}x{g}x{new}", "rollout_tok_s": statistics.median(roll),
-            "train_tok_s": statistics.median(t for t, _ in train), "train_gflops": statistics.median(f for _, f in train)}
+            "train_tok_s": statistics.median(t for t, _ in train),
+            "train_gflops": statistics.median(f for _, f in train)}
 
 
 def main() -> None:

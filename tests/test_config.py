@@ -103,7 +103,8 @@ def test_quick_profile():
     cfg = build(profile="quick")
     assert (cfg.steps, cfg.prompts_per_step, cfg.num_generations, cfg.max_new_tokens) == (8, 4, 4, 96)
     assert (cfg.eval_size, cfg.eval_max_new_tokens, cfg.save_every) == (40, 160, 4)
-    assert cfg.learning_rate == TrainConfig().learning_rate and cfg.loss_type == "dapo"  # untouched fields keep their defaults
+    # untouched fields keep their defaults
+    assert cfg.learning_rate == TrainConfig().learning_rate and cfg.loss_type == "dapo"
     assert PROFILES["quick"]["steps"] == 8  # building does not mutate the profile
 
 

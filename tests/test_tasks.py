@@ -13,7 +13,7 @@ import pytest
 from cpu_grpo import tasks
 from cpu_grpo.tasks import LEVELS, Example, TaskError, canonical_number, generate, load_jsonl, load_task
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared beside the repo
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 STEPS = {"basic": (1, 1), "intermediate": (2, 3), "advanced": (4, 99)}  # annotations per solution
 

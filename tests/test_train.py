@@ -29,8 +29,8 @@ def length_reward(completions, **kwargs):
 
 def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
-                  max_new_tokens=12, eval_size=6, eval_max_new_tokens=8, save_every=2, rewards=[f"{reward}:length_reward"],
-                  reward_weights=[1.0], learning_rate=1e-3, train_size=50)
+                  max_new_tokens=12, eval_size=6, eval_max_new_tokens=8, save_every=2,
+                  rewards=[f"{reward}:length_reward"], reward_weights=[1.0], learning_rate=1e-3, train_size=50)
     values.update(kw)
     return config.build(None, None, values)
 
@@ -111,7 +111,8 @@ def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--model", tiny_model, "--output-dir", str(out),
            "--steps", "100000", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "8",
-           "--eval-size", "0", "--save-every", "0", "--rewards", f"{reward_file}:length_reward", "--reward-weights", "1"]
+           "--eval-size", "0", "--save-every", "0", "--rewards", f"{reward_file}:length_reward",
+           "--reward-weights", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.time() + 120

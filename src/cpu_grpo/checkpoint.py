@@ -2,8 +2,8 @@
 
 runs/<name>/checkpoints/step-000020/
   model.safetensors | adapter_model.safetensors, config.json, tokenizer files   (from_pretrained works)
-  train_config.yaml                                                              (the run's resolved config)
-  trainer_state.pt                                                               (optimizer, scheduler, RNG, step, data position)
+  train_config.yaml         (the run's resolved config)
+  trainer_state.pt          (optimizer, scheduler, RNG, step, data position)
 A checkpoint is written to a hidden temporary directory and renamed when complete, so a crash mid-save
 never leaves something that looks complete. Directories starting with '.' are ignored by `latest`.
 """

@@ -47,7 +47,8 @@ def cmd_eval(args) -> int:
                          on_error="skip" if args.skip_bad_lines else "raise")
     model, tok = load_model(args.model, args.trust_remote_code)
     records = run_eval(Sampler(model), tok, examples, cfg, args.output, eos_ids(tok, model))
-    levels = {lvl: {"before": accuracy_summary([r["correct"] for r in recs])} for lvl, recs in by_level(records).items()}
+    levels = {lvl: {"before": accuracy_summary([r["correct"] for r in recs])}
+              for lvl, recs in by_level(records).items()}
     print(table(levels).replace("before", "accuracy"))
     return 0
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # outside the training loop (which saves a checkpoint and returns by itself)
+        print("cpu-grpo: interrupted; nothing was saved from the step in progress.", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
         name = type(e).__name__
         if name in ("ConfigError", "TaskError", "RewardError", "ModelError") or isinstance(e, FileNotFoundError):

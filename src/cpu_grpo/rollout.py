@@ -122,7 +122,8 @@ def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, te
     pos = (valid[:, :p_len].long().cumsum(-1) - 1).clamp(min=0)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     hkv, slots = cfg.num_key_value_heads, p_len + max_new_tokens
-    cache = [(torch.zeros(b, hkv, head_dim, slots, dtype=net.dtype), torch.zeros(b, hkv, slots, head_dim, dtype=net.dtype))
+    cache = [(torch.zeros(b, hkv, head_dim, slots, dtype=net.dtype),  # keys transposed
+              torch.zeros(b, hkv, slots, head_dim, dtype=net.dtype))
              for _ in range(cfg.num_hidden_layers)]
     last = cached_forward(net, ids, pos, cache, 0, valid)  # (B, H): one prefill per prompt
     # expand each prompt's cache to its G rows

@@ -128,7 +128,7 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
         values = fn(completions=texts, **columns)
         per_fn[fn.__name__] = [math.nan if v is None else float(v) for v in values]
     total = torch.zeros(len(texts))
-    for w, values in zip(cfg.reward_weights, per_fn.values()):
+    for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
         total += w * torch.tensor(values).nan_to_num(0.0)
     return total, per_fn
 
@@ -183,13 +183,13 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
                                 on_error="skip" if cfg.skip_bad_lines else "raise")
     eval_set = evaluate.held_out(cfg)
     model, tok = prepare_model(cfg, log)
+    ref = None
+    if cfg.beta > 0:  # a frozen copy of the base model for the KL term (before any resume); beta = 0 keeps none
+        ref = Sampler(model, dtype=torch.float32).net
     if ckpt is not None:
         model = evaluate.load_weights(model, ckpt)
     autocast = cfg.bf16 and bf16_supported()
     sampler = Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32)
-    ref = None
-    if cfg.beta > 0:  # a frozen copy for the KL term; with beta = 0 none is kept
-        ref = Sampler(model, dtype=torch.float32).net
     stops = eos_ids(tok, model)
     pad = tok.pad_token_id
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -274,8 +274,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
             record = {
                 "step": step, "reward": total.mean().item(),
                 **{f"reward/{k}": float(torch.tensor(v).nanmean()) for k, v in per_fn.items()},
-                "accuracy": float(torch.tensor([rewards.correctness_reward([t], [ex.answer])[0] for t, ex in
-                                                zip(texts, [b for b in batch for _ in range(g)])]).mean()),
+                "accuracy": sum(rewards.correctness_reward(texts, [ex.answer for ex in batch for _ in range(g)])) / n,
                 "kl": sums["kl_sum"] / norm["num_tokens"] if cfg.beta > 0 else math.nan,
                 "clip_frac": sums["clip_frac_sum"] / norm["num_tokens"],
                 "completion_len": c_tokens / n,
