@@ -281,3 +281,11 @@ def test_yaml_null_for_a_str_field_is_not_the_string_none(tmp_path):
     except ConfigError:
         return  # an error naming the field would be fine
     assert cfg.run_name != "None"
+
+
+def test_example_config_file_builds():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
+    cfg = build(file=str(example))
+    assert cfg.learning_rate == 2e-5 and cfg.rewards == ["correctness", "format"]

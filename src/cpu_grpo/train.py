@@ -12,6 +12,7 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 from __future__ import annotations
 
 import math
+import os
 import random
 import signal
 import time
@@ -175,6 +176,9 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     run.mkdir(parents=True, exist_ok=True)
     threads = set_threads(cfg.threads or None)
     log(f"run: {run}  (threads {threads})\nconfig:\n{describe(cfg)}")
+    busy = os.getloadavg()[0]
+    if busy > 0.5:  # OpenMP threads that share their cores with another job run several times slower
+        log(f"note: the CPU is already busy (load average {busy:.1f} on {os.cpu_count()} cores): steps will be slower")
     save(cfg, run / "train_config.yaml")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -248,7 +252,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
                         if ref is not None:
                             fixed[tuple(part), "ref"] = group_logprobs(ref, prompts, completions, part, g, pad,
                                                                        cfg.temperature, autocast)[0]
-            sums = {"clip_frac_sum": 0.0, "kl_sum": 0.0}
+            sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0}
             grad_norm = torch.tensor(0.0)
             for _ in range(cfg.num_iterations):
                 opt.zero_grad(set_to_none=True)
@@ -260,6 +264,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
                                          fixed.get((tuple(part), "ref")), adv[rows], mask, norm,
                                          cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
                     loss.backward()
+                    sums["loss"] += loss.item() / cfg.num_iterations
                     for k, v in st.items():
                         sums[k] += v / cfg.num_iterations
                 if groups:
@@ -272,7 +277,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
             t3 = time.time()
             # ---------------------------------------------------------------- log
             record = {
-                "step": step, "reward": total.mean().item(),
+                "step": step, "loss": sums["loss"], "reward": total.mean().item(),
                 **{f"reward/{k}": float(torch.tensor(v).nanmean()) for k, v in per_fn.items()},
                 "accuracy": sum(rewards.correctness_reward(texts, [ex.answer for ex in batch for _ in range(g)])) / n,
                 "kl": sums["kl_sum"] / norm["num_tokens"] if cfg.beta > 0 else math.nan,
