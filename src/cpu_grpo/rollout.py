@@ -86,6 +86,17 @@ def _lora_deltas(model) -> dict[str, Tensor]:
     return out
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Token lists -> ids (B, P) padded on the left, and a bool mask (B, P) of the real tokens."""
+    p_len = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), p_len), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(seqs), p_len, dtype=torch.bool)
+    for r, s in enumerate(seqs):
+        ids[r, p_len - len(s):] = torch.tensor(s)
+        valid[r, p_len - len(s):] = True
+    return ids, valid
+
+
 def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
                  generator: torch.Generator | None) -> Tensor:
     """logits (N, V) -> token ids (N,); temperature 0 means greedy."""
@@ -113,12 +124,9 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
 def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
     cfg = net.config
     b, g = len(prompts), group_size
-    p_len = max(len(p) for p in prompts)
-    ids = torch.full((b, p_len), pad_id, dtype=torch.long)
-    valid = torch.zeros(b, p_len + max_new_tokens, dtype=torch.bool)
-    for r, p in enumerate(prompts):  # left padding: every row decodes into the same cache slot
-        ids[r, p_len - len(p):] = torch.tensor(p)
-        valid[r, p_len - len(p):] = True
+    ids, valid = left_pad(prompts, pad_id)  # left padding: every row decodes into the same cache slot
+    p_len = ids.shape[1]
+    valid = torch.cat([valid, torch.ones(b, max_new_tokens, dtype=torch.bool)], dim=1)  # generated slots
     pos = (valid[:, :p_len].long().cumsum(-1) - 1).clamp(min=0)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     hkv, slots = cfg.num_key_value_heads, p_len + max_new_tokens
@@ -159,12 +167,8 @@ def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, te
 
 
 def _hf_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
-    p_len = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), p_len), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, p_len - len(p):] = torch.tensor(p)
-        mask[r, p_len - len(p):] = 1
+    ids, mask = left_pad(prompts, pad_id)
+    p_len, mask = ids.shape[1], mask.long()
     if generator is not None:  # generate() draws from the global RNG: seed it from ours
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or None, top_p=top_p)

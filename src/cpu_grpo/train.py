@@ -25,7 +25,7 @@ from . import checkpoint, evaluate, llama, rewards, tasks
 from .config import TrainConfig, describe, save
 from .grpo import group_advantages, grpo_loss, token_logprobs
 from .models import load_model, set_threads
-from .rollout import Sampler, encode_prompts, eos_ids
+from .rollout import Sampler, encode_prompts, eos_ids, left_pad
 from .tracking import Tracker, append_jsonl, peak_rss_mb
 
 
@@ -69,12 +69,8 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     ps = [prompts[i] for i in groups]
     cs = [completions[i * g + j] for i in groups for j in range(g)]
-    p_len, t_len = max(len(p) for p in ps), max(1, max(len(c) for c in cs))
-    pids = torch.full((len(ps), p_len), pad_id, dtype=torch.long)
-    pvalid = torch.zeros(len(ps), p_len, dtype=torch.bool)
-    for r, p in enumerate(ps):
-        pids[r, p_len - len(p):] = torch.tensor(p)
-        pvalid[r, p_len - len(p):] = True
+    pids, pvalid = left_pad(ps, pad_id)
+    p_len, t_len = pids.shape[1], max(1, max(len(c) for c in cs))
     cids = torch.full((len(cs), t_len), pad_id, dtype=torch.long)
     cmask = torch.zeros(len(cs), t_len)
     for r, c in enumerate(cs):
