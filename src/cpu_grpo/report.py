@@ -1,9 +1,12 @@
-"""report.md for a run: the before/after table with intervals, the training curve, samples."""
+"""report.md for a run: the before/after tables with intervals, the forgetting matrix, training curves
+(text and PNG plots), and sample completions that changed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from . import stats
 from .tracking import read_jsonl
 
 
@@ -27,6 +30,115 @@ def _samples(run: Path, k: int = 3) -> str:
     return "\n".join(out) or "(no problem changed between before and after)"
 
 
+def _cell(c: dict | None) -> str:
+    if not c:
+        return "-"
+    lo, hi = c["ci95"]
+    return f"{100 * c['accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}, n={c['n']})"
+
+
+def _stage_records(run: Path, after: str) -> list[dict]:
+    """The per-problem records behind a forgetting-matrix row: eval_before.jsonl or evals/after-K-<stage>.jsonl."""
+    if after == "base":
+        return read_jsonl(run / "eval_before.jsonl")
+    files = sorted(run.glob(f"evals/after-*-{after}.jsonl"))
+    return read_jsonl(files[-1]) if files else []
+
+
+def _paired_forgetting(run: Path, level: str, first: str, last: str) -> str | None:
+    by_id = {r["id"]: r["correct"] for r in _stage_records(run, last) if r["difficulty"] == level}
+    pairs = [(r["correct"], by_id[r["id"]]) for r in _stage_records(run, first)
+             if r["difficulty"] == level and r["id"] in by_id]
+    if not pairs:
+        return None
+    cmp = stats.paired_comparison([b for b, _ in pairs], [a for _, a in pairs])
+    return stats.significance_sentence(cmp, f"{level}, from after `{first}` to after `{last}`")
+
+
+def forgetting_lines(data: dict, run: Path | None = None) -> list[str]:
+    """Per level whose own stage has a row (a row whose "after" is the level's name) and a later row: the
+    change from that row to the last one (negative: forgotten). Paired, with an interval and McNemar's
+    test, when `run` holds the per-problem records of both rows; else the plain difference."""
+    rows, out = data.get("rows", []), []
+    for level in data.get("levels", []):
+        own = next((i for i, r in enumerate(rows) if r["after"] == level), None)
+        if own is None or own == len(rows) - 1:
+            continue
+        first, last = rows[own]["cells"].get(level), rows[-1]["cells"].get(level)
+        paired = _paired_forgetting(run, level, rows[own]["after"], rows[-1]["after"]) if run else None
+        if paired:
+            out.append(f"- {paired}")
+        elif first and last:
+            change = 100 * (last["accuracy"] - first["accuracy"])
+            out.append(f"- {level}: {100 * first['accuracy']:.1f}% right after its own stage, "
+                       f"{100 * last['accuracy']:.1f}% after `{rows[-1]['after']}`: {change + 0.0:+.1f} points "
+                       "(unpaired: no per-problem records)")
+    return out
+
+
+def forgetting_table(data: dict, run: Path | None = None) -> str:
+    """Markdown: the forgetting matrix (rows: after which stage; columns: the level evaluated), each cell the
+    accuracy with its 95% Wilson interval, then per level the change from its own stage to the end.
+
+    `data` is forgetting.json: {"levels": [...], "rows": [{"after": "base" | stage, "cells": {level:
+    {"accuracy", "ci95", "n"}}}]}; `run`, the run directory, makes that change a paired test.
+
+    >>> print(forgetting_table({"levels": ["basic"], "rows": [
+    ...     {"after": "base", "cells": {"basic": {"accuracy": 0.2, "ci95": [0.1, 0.3], "n": 50}}},
+    ...     {"after": "basic", "cells": {"basic": {"accuracy": 0.5, "ci95": [0.4, 0.6], "n": 50}}}]}))
+    | after stage \\ evaluated level | basic |
+    |---|---|
+    | base | 20.0% (10.0-30.0, n=50) |
+    | basic | 50.0% (40.0-60.0, n=50) |
+    <BLANKLINE>
+    """
+    levels = data.get("levels", [])
+    head = "| after stage \\ evaluated level | " + " | ".join(levels) + " |\n|---|" + "---|" * len(levels) + "\n"
+    rows = [f"| {r['after']} | " + " | ".join(_cell(r["cells"].get(lv)) for lv in levels) + " |"
+            for r in data.get("rows", [])]
+    lines = forgetting_lines(data, run)
+    tail = ("\nChange on each level from right after its own stage to the end of training (forgetting when "
+            "negative):\n\n" + "\n".join(lines) + "\n") if lines else ""
+    return head + "\n".join(rows) + "\n" + tail
+
+
+def _metrics_section(summary: dict) -> list[str]:
+    from .evaltables import metric_sentences, metric_table
+
+    if not summary.get("metrics"):
+        return []
+    return ["## Every metric, per level", "",
+            "Accuracy under each answer extractor (lm-eval: scored as lm-evaluation-harness scores gsm8k), "
+            "and the written work: a *step* is a computation `a op b = c` on one line (or a `<<a*b=c>>` "
+            "annotation); reasoning quality = at least two steps; consistency = the final answer equals the "
+            "result of the last step (problems without a step left out); calculations right = steps whose "
+            "result is the value of the expression.", "",
+            metric_table(summary["metrics"]), *metric_sentences(summary["metrics"]), ""]
+
+
+def _plots_section(run: Path) -> list[str]:
+    from .plots import PlotError, write_plots
+
+    try:
+        paths = write_plots(run)
+    except PlotError as e:
+        return [f"(No plots: {e}.)", ""]
+    return [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
+
+
+def _training_section(run: Path, metrics: list[dict]) -> list[str]:
+    if not metrics:
+        return []
+    seconds = sum(m["step_seconds"] for m in metrics)
+    return ["## Training", "",
+            f"- reward (mean of the batch): {_curve(metrics, 'reward')}",
+            f"- sampled accuracy: {_curve(metrics, 'accuracy')}",
+            f"- zero-variance groups: {_curve(metrics, 'frac_zero_std')}",
+            f"- completion length: {_curve(metrics, 'completion_len')}",
+            f"- {seconds / len(metrics):.1f} s per step on average, peak RSS "
+            f"{max(m['peak_rss_mb'] for m in metrics):.0f} MB", "", *_plots_section(run)]
+
+
 def write_report(run: Path, cfg, summary: dict) -> Path:
     from .evaluate import table
 
@@ -39,15 +151,11 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
         lines += [e["delta"]["sentence"] for e in summary["levels"].values() if "delta" in e]
         lines += ["", "Intervals: Wilson for accuracies; paired bootstrap (10,000 resamples) for the change; "
                   "McNemar's exact test on the discordant pairs.", ""]
-    if metrics:
-        seconds = sum(m["step_seconds"] for m in metrics)
-        lines += ["## Training", "",
-                  f"- reward (mean of the batch): {_curve(metrics, 'reward')}",
-                  f"- sampled accuracy: {_curve(metrics, 'accuracy')}",
-                  f"- zero-variance groups: {_curve(metrics, 'frac_zero_std')}",
-                  f"- completion length: {_curve(metrics, 'completion_len')}",
-                  f"- {seconds / len(metrics):.1f} s per step on average, peak RSS "
-                  f"{max(m['peak_rss_mb'] for m in metrics):.0f} MB", ""]
+    if (run / "forgetting.json").exists():
+        lines += ["## Forgetting matrix (greedy accuracy)", "",
+                  forgetting_table(json.loads((run / "forgetting.json").read_text()), run), ""]
+    lines += _metrics_section(summary)
+    lines += _training_section(run, metrics)
     lines += ["## Problems that changed", "", _samples(run), ""]
     path = run / "report.md"
     path.write_text("\n".join(lines))

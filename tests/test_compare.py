@@ -1,0 +1,108 @@
+"""`cpu-grpo compare`: two hand-made runs side by side; and `cpu-grpo eval` end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cpu_grpo import compare as compare_mod
+from cpu_grpo.cli import main
+from cpu_grpo.compare import RunError, compare_runs
+from cpu_grpo.evaluate import compare
+from cpu_grpo.tracking import read_jsonl
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(path, lr, after_correct, ids=(1, 2, 3, 4)):
+    path.mkdir()
+    (path / "train_config.yaml").write_text(f"model: m\nlearning_rate: {lr}\nsteps: 6\n")
+    before = [{"id": i, "difficulty": "basic", "correct": False} for i in ids]
+    after = [{"id": i, "difficulty": "basic", "correct": c} for i, c in zip(ids, after_correct, strict=True)]
+    jsonl(path / "eval_before.jsonl", before)
+    jsonl(path / "eval_after.jsonl", after)
+    (path / "summary.json").write_text(json.dumps({"levels": compare(before, after)}))
+    # rewards 0.1 .. 0.6 over 6 steps: the last 5 average (0.2 + ... + 0.6) / 5 = 0.4
+    jsonl(path / "metrics.jsonl", [{"step": s, "reward": s / 10, "accuracy": s / 20, "step_seconds": 2.0 * lr * 1e5,
+                                    "peak_rss_mb": 1000.0 + s} for s in range(1, 7)])
+    return path
+
+
+def test_doctests():
+    import doctest
+
+    assert doctest.testmod(compare_mod).failed == 0
+
+
+def test_compare_runs(tmp_path):
+    a = make_run(tmp_path / "a", 1e-5, [True, False, False, False])
+    b = make_run(tmp_path / "b", 2e-5, [True, True, True, False])
+    text = compare_runs(a, b)
+    config = text.split("## Before")[0]
+    assert "| learning_rate | 1e-05 | 2e-05 |" in config and "| steps |" not in config  # only what differs
+    assert "Run A (`a`):" in text and "| basic | 4 | 0.0% (" in text
+    # the last 5 steps: reward mean 0.4, accuracy 0.2; s/step 2.0 and 4.0; peak RSS 1006
+    assert "| reward (last 5) | 0.4 | 0.4 |" in text and "| s/step | 2 | 4 |" in text
+    assert "| peak RSS MB | 1006 | 1006 |" in text
+    assert "| level | n | run A (95% CI) | run B (95% CI) | B - A (95% CI) | McNemar p |" in text
+    # B - A = (3 - 1) / 4 = +0.5; b = 0, c = 2: McNemar p = 0.5; resamples draw X ~ Bin(4, 1/2) improved
+    # pairs and P(X = 0) = P(X = 4) = 1/16 > 2.5%, so the interval is 0 to +100 points
+    assert ("basic, B vs A: +50.0 points (95% CI +0.0 to +100.0, McNemar p = 0.5): not significant (the interval "
+            "includes zero).") in text
+
+
+def test_compare_different_problems_is_not_paired(tmp_path):
+    a = make_run(tmp_path / "a", 1e-5, [True, False], ids=(1, 2))
+    b = make_run(tmp_path / "b", 1e-5, [True, True], ids=(7, 8))
+    text = compare_runs(a, b)
+    assert "The two configs are the same" in text and "evaluated different problems" in text
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(RunError, match="is not a run directory"):
+        compare_runs(tmp_path, tmp_path)
+
+
+def test_compare_command(tmp_path, capsys):
+    a = make_run(tmp_path / "a", 1e-5, [True, False, False, False])
+    b = make_run(tmp_path / "b", 2e-5, [True, True, True, False])
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "# Run A `a` against run B `b`" in capsys.readouterr().out
+    out = tmp_path / "cmp.md"
+    assert main(["compare", str(a), str(b), "--output", str(out)]) == 0
+    assert out.read_text().startswith("# Run A `a` against run B `b`")
+    assert main(["compare", str(a), str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpu-grpo: ") and "is not a run directory" in err and err.count("\n") == 1
+
+
+GSM8K_LINES = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
+                "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
+               {"question": "A pen costs $2. How much do 5 pens cost?", "answer": "5 * 2 = <<5*2=10>>10\n#### 10"}]
+
+
+def test_eval_command_prints_every_extractor(tiny_model, tmp_path, capsys):
+    data = tmp_path / "gsm8k.jsonl"
+    jsonl(data, GSM8K_LINES)
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--n", "2", "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "| level | n | auto | strict | flexible | math-verify | lm-eval strict-match | lm-eval flexible-extract |" \
+        in out and "| gsm8k | 2 | " in out
+    assert "| level | n | reasoning quality | " in out and "calc steps" in out
+
+
+def test_eval_samples_command(tiny_model, tmp_path, capsys):
+    outs = [tmp_path / "s1.jsonl", tmp_path / "s2.jsonl"]
+    for path in outs:
+        assert main(["eval", "--model", tiny_model, "--n", "3", "--max-new-tokens", "6", "--samples", "3",
+                     "--temperature", "1.0", "--output", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "| level | n | pass@1 | pass@2 | pass@3 | maj@3 |" in text and "| basic | 3 |" in text
+    first, second = read_jsonl(outs[0]), read_jsonl(outs[1])
+    assert len(first) == 3 and all(len(r["completions"]) == 3 and set(r["pass_at"]) == {"1", "2", "3"}
+                                   for r in first)
+    assert [r["completions"] for r in first] == [r["completions"] for r in second]  # seeded: replayable
+    assert main(["eval", "--model", tiny_model, "--samples", "2", "--temperature", "0"]) == 2

@@ -1,0 +1,114 @@
+"""Evaluation records (greedy and sampled) from a scripted sampler, and summary.json / report.md of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+from cpu_grpo import evaluate
+from cpu_grpo.tasks import Example
+from cpu_grpo.tracking import read_jsonl
+
+EXAMPLES = [Example("Q1?", "18", "basic", "9 * 2 = <<9*2=18>>18\n#### 18", "b-1"),
+            Example("Q2?", "7", "basic", "3 + 4 = <<3+4=7>>7\n#### 7", "b-2")]
+CFG = SimpleNamespace(instruction="", eval_max_new_tokens=8, top_k=0, top_p=1.0)
+
+
+class ScriptedTok:
+    """Token id i decodes to texts[i]; prompts are encoded as their length (never decoded)."""
+
+    chat_template = None
+    pad_token_id = 0
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [len(text)]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.texts[ids[0]]
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [self.decode(r) for r in rows]
+
+
+class ScriptedSampler:
+    """Returns completions 0, 1, 2, ... in order, and remembers how it was called."""
+
+    def __init__(self):
+        self.next, self.calls = 0, []
+
+    def generate(self, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature=1.0, top_k=0, top_p=1.0,
+                 generator=None):
+        self.calls.append({"n": len(prompts), "k": group_size, "temperature": temperature,
+                           "seed": generator.initial_seed() if generator is not None else None})
+        out = [[self.next + i] for i in range(len(prompts) * group_size)]
+        self.next += len(out)
+        return out
+
+
+def test_greedy_records_carry_every_metric(tmp_path):
+    texts = ["9 * 2 = 18, 18 + 0 = 18\n#### 18", "I think 8."]
+    path = tmp_path / "eval.jsonl"
+    records = evaluate.run_eval(ScriptedSampler(), ScriptedTok(texts), EXAMPLES, CFG, path, [1], log=lambda *a: None)
+    assert read_jsonl(path) == records
+    r1, r2 = records
+    assert (r1["id"], r1["completion"], r1["pred"]) == ("b-1", texts[0], "18")
+    assert r1["correct"] and r1["strict_correct"] and r1["correct_strict"] and r1["correct_flexible"]
+    assert r1["correct_math_verify"] and r1["lm_eval_strict"] and r1["lm_eval_flexible"]
+    work = ("calc_steps", "reasoning_quality", "consistent", "calc_correct_frac")
+    assert [r1[k] for k in work] == [2, True, True, 1.0]  # 9*2 = 18 and 18+0 = 18, both right; answer 18
+    # "I think 8." for gold 7: wrong everywhere, no work
+    assert not (r2["correct"] or r2["correct_strict"] or r2["correct_flexible"] or r2["correct_math_verify"])
+    assert [r2[k] for k in work] == [0, False, None, None]
+
+
+def test_sampled_record_by_hand():
+    ex = EXAMPLES[0]
+    rec = evaluate.sampled_record(ex, ["#### 18", "The answer is 18.0", "#### 17", "no idea"])
+    assert rec["preds"] == ["18", "18.0", "17", None] and rec["sample_correct"] == [True, True, False, False]
+    # n = 4, c = 2: pass@1 = 2/4; pass@2 = 1 - C(2,2)/C(4,2) = 1 - 1/6; pass@3 = pass@4 = 1 (C(2,3) = 0)
+    assert rec["pass_at"]["1"] == 0.5 and math.isclose(rec["pass_at"]["2"], 5 / 6)
+    assert rec["pass_at"]["3"] == rec["pass_at"]["4"] == 1.0
+    # votes "18", "18" ("18.0" canonicalised), "17": the majority is 18
+    assert rec["maj_pred"] == "18" and rec["maj_correct"] and rec["n_correct"] == 2
+
+
+def test_majority_tie_goes_to_the_first_answer():
+    rec = evaluate.sampled_record(EXAMPLES[0], ["#### 17", "#### 18"])
+    assert rec["maj_pred"] == "17" and not rec["maj_correct"] and rec["pass_at"]["1"] == 0.5
+
+
+def test_run_sampled_groups_seed_and_output(tmp_path):
+    # k = 2 samples per problem: completions 0, 1 for Q1 and 2, 3 for Q2
+    texts = ["#### 18", "#### 5", "#### 7", "#### 7"]
+    sampler, path = ScriptedSampler(), tmp_path / "sampled.jsonl"
+    records = evaluate.run_sampled(sampler, ScriptedTok(texts), EXAMPLES, CFG, 2, 0.8, 123, path, [1],
+                                   log=lambda *a: None, batch_size=4)
+    assert sampler.calls == [{"n": 2, "k": 2, "temperature": 0.8, "seed": 123}]  # 4 // 2 prompts per call
+    assert [r["completions"] for r in records] == [texts[:2], texts[2:]]
+    assert [r["pass_at"]["1"] for r in records] == [0.5, 1.0] and [r["maj_correct"] for r in records] == [True, True]
+    assert read_jsonl(path) == records
+
+
+def test_write_summary_and_report(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    before = [{"id": "b-1", "difficulty": "basic", "question": "Q1?", "answer": "18", "completion": "#### 17",
+               "correct": False, "consistent": None, "calc_steps": 0},
+              {"id": "b-2", "difficulty": "basic", "question": "Q2?", "answer": "7", "completion": "#### 7",
+               "correct": True, "consistent": None, "calc_steps": 0}]
+    after = [dict(before[0], completion="9 * 2 = 18\n#### 18", correct=True, consistent=True, calc_steps=1),
+             dict(before[1])]
+    for name, recs in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
+        (run / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cfg = SimpleNamespace(model="m", task="basic")
+    summary = evaluate.write_summary(run, cfg, 3, 60.0, log=lambda *a: None)
+    assert summary["levels"]["basic"]["after"]["accuracy"] == 1.0  # the existing keys stay
+    assert summary["metrics"]["basic"]["calc_steps"]["after"]["mean"] == 0.5
+    assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    report = (run / "report.md").read_text()
+    assert "## Every metric, per level" in report and "| accuracy (auto extractor) | 2 | 50.0% (" in report
+    assert "## Problems that changed" in report and "'9 * 2 = 18\\n#### 18'" in report

@@ -1,0 +1,95 @@
+"""report.md parts: the forgetting matrix (hand-made data) and the PNG plots of the training curves."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import sys
+
+from cpu_grpo import plots, report
+from cpu_grpo.plots import series, stage_boundaries, write_plots
+from cpu_grpo.report import forgetting_lines, forgetting_table
+
+
+def cell(acc, n=5):
+    return {"accuracy": acc, "ci95": [max(0.0, acc - 0.1), min(1.0, acc + 0.1)], "n": n}
+
+
+FORGETTING = {"levels": ["basic", "intermediate"], "rows": [
+    {"after": "base", "cells": {"basic": cell(0.2), "intermediate": cell(0.1)}},
+    {"after": "basic", "cells": {"basic": cell(0.6), "intermediate": cell(0.15)}},
+    {"after": "intermediate", "cells": {"basic": cell(0.4), "intermediate": cell(0.4)}}]}
+
+
+def records(level, correct):
+    return "".join(json.dumps({"id": i, "difficulty": level, "correct": c}) + "\n" for i, c in enumerate(correct))
+
+
+def test_doctests():
+    assert doctest.testmod(report).failed == 0 and doctest.testmod(plots).failed == 0
+
+
+def test_forgetting_matrix_table():
+    text = forgetting_table(FORGETTING)
+    lines = text.splitlines()
+    assert lines[0] == "| after stage \\ evaluated level | basic | intermediate |"
+    assert lines[2] == "| base | 20.0% (10.0-30.0, n=5) | 10.0% (0.0-20.0, n=5) |"
+    assert lines[4] == "| intermediate | 40.0% (30.0-50.0, n=5) | 40.0% (30.0-50.0, n=5) |"
+    # basic: 60.0% after its own stage, 40.0% at the end: -20.0 points; intermediate was trained last: no line
+    assert forgetting_lines(FORGETTING) == [
+        "- basic: 60.0% right after its own stage, 40.0% after `intermediate`: -20.0 points (unpaired: no "
+        "per-problem records)"]
+
+
+def test_forgetting_is_paired_when_the_stage_records_exist(tmp_path):
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "after-1-basic.jsonl").write_text(records("basic", [True, True, True, False, False]))
+    (tmp_path / "evals" / "after-2-intermediate.jsonl").write_text(records("basic", [True, True, False, False, False]))
+    # one pair right -> wrong, none wrong -> right: diff -1/5; McNemar p = min(1, 2 * 0.5) = 1.
+    # Resamples hold X ~ Binomial(5, 0.2) such pairs: P(X = 0) = 0.33 > 2.5%, so the upper end is 0;
+    # P(X >= 3) = 0.058 > 2.5% > P(X >= 4) = 0.0067, so the lower end is -3/5.
+    assert forgetting_lines(FORGETTING, tmp_path) == [
+        "- basic, from after `basic` to after `intermediate`: -20.0 points (95% CI -60.0 to +0.0, McNemar p = 1): "
+        "not significant (the interval includes zero)."]
+
+
+def test_forgetting_without_own_stage_rows():
+    data = {"levels": ["gsm8k"], "rows": [{"after": "base", "cells": {"gsm8k": cell(0.1)}},
+                                          {"after": "stage-1", "cells": {"gsm8k": cell(0.2)}}]}
+    assert forgetting_lines(data) == [] and "Change on each level" not in forgetting_table(data)
+
+
+METRICS = [{"step": s, "reward": 0.1 * s, "reward/correctness_reward": 0.05 * s, "accuracy": 0.1 * s,
+            "frac_zero_std": 0.5, "completion_len": 40.0 + s, "stage_index": 0 if s <= 2 else 1,
+            "ewc_penalty": float("nan") if s <= 2 else 0.01, "step_seconds": 1.0, "peak_rss_mb": 100.0}
+           for s in (1, 2, 3, 4)]
+
+
+def test_series_and_stage_boundaries():
+    assert stage_boundaries(METRICS) == [2.5]  # stage 0 ends at step 2, stage 1 starts at step 3
+    assert stage_boundaries([{"step": 1}, {"step": 2}]) == []
+    found = series(METRICS, ["reward", "reward/"])
+    assert list(found) == ["reward", "reward/correctness_reward"] and found["reward"][0] == [1, 2, 3, 4]
+    assert series(METRICS, ["ewc_penalty"]) == {"ewc_penalty": ([3, 4], [0.01, 0.01])}  # NaN steps skipped
+    assert series(METRICS, ["kl"]) == {}
+
+
+def test_write_plots(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in METRICS))
+    paths = write_plots(tmp_path)
+    assert [p.name for p in paths] == ["reward.png", "accuracy.png", "frac_zero_std.png", "completion_len.png",
+                                       "ewc_penalty.png"]
+    assert all(p.parent == tmp_path / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+    assert write_plots(tmp_path / "nothing-here") == []
+
+
+def test_report_embeds_plots_or_says_why_not(tmp_path, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in METRICS))
+    (tmp_path / "forgetting.json").write_text(json.dumps(FORGETTING))
+    summary = {"model": "m", "task": "basic", "steps": 4, "wall_seconds": 60.0, "levels": {}, "metrics": {}}
+    text = report.write_report(tmp_path, None, summary).read_text()
+    assert "![reward](plots/reward.png)" in text and "![ewc_penalty](plots/ewc_penalty.png)" in text
+    assert "## Forgetting matrix" in text and "| basic | 60.0% (50.0-70.0, n=5) |" in text
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    text = report.write_report(tmp_path, None, summary).read_text()
+    assert "(No plots: matplotlib is not installed: run `pip install matplotlib` to get the plots.)" in text
