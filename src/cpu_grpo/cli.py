@@ -35,10 +35,13 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .evaluate import by_level, run_eval, table
+    if args.samples < 0 or (args.samples > 0 and args.temperature <= 0):
+        print("cpu-grpo: --samples must be >= 0, and sampling needs --temperature > 0.", file=sys.stderr)
+        return 2
+    from .evaltables import level_tables, metric_summary, sampled_summary, sampled_table
+    from .evaluate import run_eval, run_sampled
     from .models import load_model, set_threads
     from .rollout import Sampler, eos_ids
-    from .stats import accuracy_summary
     from .tasks import load_task
 
     cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens})
@@ -46,10 +49,28 @@ def cmd_eval(args) -> int:
     examples = load_task(args.task, n=args.n, seed=args.seed, split="test",
                          on_error="skip" if args.skip_bad_lines else "raise")
     model, tok = load_model(args.model, args.trust_remote_code)
-    records = run_eval(Sampler(model), tok, examples, cfg, args.output, eos_ids(tok, model))
-    levels = {lvl: {"before": accuracy_summary([r["correct"] for r in recs])}
-              for lvl, recs in by_level(records).items()}
-    print(table(levels).replace("before", "accuracy"))
+    sampler, stops = Sampler(model), eos_ids(tok, model)
+    if args.samples > 0:
+        records = run_sampled(sampler, tok, examples, cfg, args.samples, args.temperature, args.seed, args.output,
+                              stops)
+        print(sampled_table(sampled_summary(records)))
+        return 0
+    records = run_eval(sampler, tok, examples, cfg, args.output, stops)
+    print(level_tables(metric_summary(records)))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from pathlib import Path
+
+    from .compare import compare_runs
+
+    text = compare_runs(args.run_a, args.run_b)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        print(text)
     return 0
 
 
@@ -66,12 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
     p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
     p.add_argument("--n", type=int, default=250, help="number of problems")
-    p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
+                   "and of sampling")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--output", default=None, help="write per-problem records to this JSONL file")
+    p.add_argument("--samples", type=int, default=0, metavar="K", help="draw K sampled completions per problem "
+                   "and report pass@1..K and majority-vote@K instead of greedy accuracy (default 0: greedy)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature with --samples")
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("compare", help="two runs side by side: config, before/after, training, paired test")
+    p.add_argument("run_a", metavar="RUN_A", help="a run directory (runs/<name>)")
+    p.add_argument("run_b", metavar="RUN_B", help="another run directory")
+    p.add_argument("--output", default=None, metavar="FILE.md", help="write the markdown here instead of printing")
+    p.set_defaults(func=cmd_compare)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
@@ -80,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
         name = type(e).__name__
-        if name in ("ConfigError", "TaskError", "RewardError", "ModelError") or isinstance(e, FileNotFoundError):
+        if name in ("ConfigError", "TaskError", "RewardError", "ModelError", "MetricError", "RunError") or \
+                isinstance(e, FileNotFoundError):
             print(f"cpu-grpo: {e}", file=sys.stderr)
             return 2
         raise
