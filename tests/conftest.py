@@ -56,3 +56,17 @@ def _isolated_cache(tmp_path, monkeypatch):
     """Tests never touch the user's cache and never wait for the hub."""
     monkeypatch.setenv("CPU_GRPO_CACHE", os.environ.get("CPU_GRPO_TEST_CACHE", str(tmp_path / "cache")))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+REWARD = '''
+def length_reward(completions, **kwargs):
+    """A reward with variance inside every group, so a random model gets a gradient."""
+    return [len(c) / 10 for c in completions]
+'''
+
+
+@pytest.fixture
+def reward_file(tmp_path) -> Path:
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARD)
+    return path

@@ -6,7 +6,19 @@ import sys
 
 import pytest
 
-from cpu_grpo.config import PROFILES, ConfigError, TrainConfig, build, coerce, describe, help_text, load_file, save
+from cpu_grpo.config import (
+    PROFILES,
+    ConfigError,
+    Stage,
+    TrainConfig,
+    build,
+    coerce,
+    describe,
+    help_text,
+    load_file,
+    plan,
+    save,
+)
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -96,7 +108,52 @@ def test_validate_after_mutation():
 
 def test_build_without_anything_is_the_defaults():
     assert build() == TrainConfig()
-    assert build(profile="default") == TrainConfig()
+    assert build(profile="demo") == TrainConfig()
+
+
+def test_default_profile_is_the_three_stage_curriculum():
+    cfg = build(profile="default")
+    assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
+        ("basic", "basic", 10), ("intermediate", "intermediate", 10), ("advanced", "advanced", 10)]
+    assert cfg.total_steps == 30 and cfg.ewc_lambda > 0
+
+
+def test_a_task_of_your_own_replaces_the_profile_curriculum():
+    cfg = build("default", None, {"task": "data.jsonl"})
+    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 30)]
+    assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
+
+
+def test_no_stages_is_one_stage_on_task():
+    cfg = build(None, None, {"task": "intermediate", "steps": 7})
+    assert plan(cfg) == [Stage("intermediate", "intermediate", 7)] and cfg.total_steps == 7
+
+
+def test_stages_from_the_command_line_share_the_steps():
+    cfg = build(None, None, {"stages": "basic:4,intermediate,advanced", "steps": "11"})
+    assert [s.steps for s in plan(cfg)] == [4, 3, 4]  # 7 left for two stages: 3, and the remainder to the last
+
+
+def test_stages_from_yaml_mappings(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("stages:\n  - {name: warmup, task: basic, steps: 5, promote_at: 0.6}\n"
+                 "  - {name: hard, task: advanced, steps: 8, learning_rate: 1e-5}\n")
+    warm, hard = plan(build(None, str(f)))
+    assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5)
+    assert build(None, str(f)).total_steps == 13
+
+
+@pytest.mark.parametrize("stages, steps, fragment", [
+    ("basic,basic", 30, "distinct"),
+    ("basic:x", 30, "integer"),
+    ("basic,intermediate,advanced", 2, "leaves 2 for 3"),
+    ([{"name": "a", "task": "basic", "epochs": 3}], 30, "unknown key(s) epochs"),
+    ([{"task": "basic"}], 30, "give a name"),
+    ([{"name": "a", "promote_at": 1.5}], 30, "promote_at in [0, 1]"),
+])
+def test_impossible_stages_say_what_to_do(stages, steps, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        build(None, None, {"stages": stages, "steps": steps})
 
 
 def test_quick_profile():
@@ -109,7 +166,7 @@ def test_quick_profile():
 
 
 def test_unknown_profile():
-    with pytest.raises(ConfigError, match="unknown profile 'fast': use one of quick, default"):
+    with pytest.raises(ConfigError, match="unknown profile 'fast': use one of quick, demo, default"):
         build(profile="fast")
 
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "cpu_grpo"
-LONG_ALLOWED = {"train.py:train"}  # the one loop, readable top to bottom
+LONG_ALLOWED = {"train.py:_train"}  # the one loop, readable top to bottom
 
 
 def test_modules_are_small():

@@ -20,12 +20,6 @@ from cpu_grpo.cli import main
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
-REWARD = '''
-def length_reward(completions, **kwargs):
-    """A reward with variance inside every group, so a random model gets a gradient."""
-    return [len(c) / 10 for c in completions]
-'''
-
 
 def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
@@ -33,13 +27,6 @@ def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
                   rewards=[f"{reward}:length_reward"], reward_weights=[1.0], learning_rate=1e-3, train_size=50)
     values.update(kw)
     return config.build(None, None, values)
-
-
-@pytest.fixture
-def reward_file(tmp_path) -> Path:
-    path = tmp_path / "my_rewards.py"
-    path.write_text(REWARD)
-    return path
 
 
 def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):

@@ -3,7 +3,9 @@
 runs/<name>/checkpoints/step-000020/
   model.safetensors | adapter_model.safetensors, config.json, tokenizer files   (from_pretrained works)
   train_config.yaml         (the run's resolved config)
-  trainer_state.pt          (optimizer, scheduler, RNG, step, data position)
+  trainer_state.pt          (optimizer, scheduler, RNG, step, stage, data position)
+  ewc.safetensors           (accumulated Fisher and anchors, once a stage has ended with ewc_lambda > 0)
+  STAGE_END                 (the stage's name, in the checkpoint that ends a curriculum stage; kept forever)
 A checkpoint is written to a hidden temporary directory and renamed when complete, so a crash mid-save
 never leaves something that looks complete. Directories starting with '.' are ignored by `latest`.
 """
@@ -21,11 +23,17 @@ import torch
 from . import config as config_mod
 
 STATE_FILE = "trainer_state.pt"
+STAGE_FILE = "STAGE_END"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
-def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int = 2, tag: str = "") -> Path:
-    """Write checkpoint step-NNNNNN (complete or not at all); keep the newest `keep` checkpoints."""
+def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int = 2, tag: str = "",
+         extra=None) -> Path:
+    """Write checkpoint step-NNNNNN (complete or not at all); keep the newest `keep` checkpoints.
+
+    A checkpoint with a `tag` (the end of a curriculum stage) gets a STAGE_END file naming it and is never
+    removed by the rotation. `extra(dir)` writes more files into the checkpoint before it is complete.
+    """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -34,6 +42,10 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         config_mod.save(cfg, tmp / "train_config.yaml")
+        if extra is not None:
+            extra(tmp)
+        if tag:
+            (tmp / STAGE_FILE).write_text(tag + "\n")
         torch.save({**state, "step": step, "tag": tag}, tmp / STATE_FILE)
         if final.exists():
             shutil.rmtree(final)
@@ -41,7 +53,7 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in complete(root)[:-keep]:
+    for old in [c for c in complete(root)[:-keep] if not (c / STAGE_FILE).exists()]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -29,15 +29,23 @@ class TrainConfig:
     trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
     # -- data
     task: str = _f("basic", "training data: basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
-    eval_task: str = _f("", "held-out evaluation data (same forms as task); empty: the test split of task")
-    eval_size: int = _f(250, "held-out problems evaluated before and after training (0: no evaluation)")
+    eval_task: str = _f("", "extra held-out sets, comma-separated (same forms as task); the test split of every "
+                           "stage's task is always evaluated")
+    eval_size: int = _f(250, "held-out problems per evaluated set, before training and after each stage (0: none)")
     train_size: int = _f(20000, "problems drawn from the generator for training (files: their first N lines)")
     skip_bad_lines: bool = _f(False, "skip malformed JSONL lines (with a count) instead of stopping")
     instruction: str = _f(
         "Solve the problem step by step. Write the final answer on its own last line as '#### <number>'.",
         "text appended to every question in the user message")
+    # -- curriculum
+    stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
+                               "mappings with name, task, steps, promote_at, learning_rate. Empty: one stage on task")
+    promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
+    promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
+    ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
+    fisher_samples: int = _f(64, "sampled completions used to estimate the Fisher diagonal at the end of a stage")
     # -- rollouts
-    steps: int = _f(30, "optimizer steps")
+    steps: int = _f(30, "optimizer steps (with stages: the budget split equally among stages without steps)")
     prompts_per_step: int = _f(8, "prompts per step (B)")
     num_generations: int = _f(8, "completions sampled per prompt (G), the group of GRPO")
     max_new_tokens: int = _f(96, "completion length limit during training")
@@ -101,13 +109,78 @@ class TrainConfig:
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
+            (self.ewc_lambda >= 0 and self.fisher_samples >= 1, "ewc_lambda must be >= 0 and fisher_samples >= 1"),
+            (self.promote_every >= 1 and self.promote_size >= 1, "promote_every and promote_size must be >= 1"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        self.stages = [parse_stage(s) for s in self.stages]
+        plan(self)  # raises on an impossible plan
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in plan(self))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    task: str
+    steps: int
+    promote_at: float = 0.0  # move on when validation accuracy reaches this (0: run all steps)
+    learning_rate: float = 0.0  # 0: the run's learning_rate
+
+
+_STAGE_KEYS = {f.name for f in fields(Stage)}
+
+
+def parse_stage(spec) -> dict:
+    """'basic', 'basic:10' or {'name': ..., 'task': ..., 'steps': ...} -> a dict of Stage fields."""
+    if isinstance(spec, str):
+        name, _, steps = spec.strip().partition(":")
+        spec = {"name": name, **({"steps": steps} if steps else {})}
+    if not isinstance(spec, dict) or not spec.get("name"):
+        raise ConfigError(f"stage {spec!r}: give a name (e.g. basic), name:steps, or a mapping with a name.")
+    unknown = set(spec) - _STAGE_KEYS
+    if unknown:
+        raise ConfigError(f"stage '{spec['name']}': unknown key(s) {', '.join(sorted(unknown))}: use "
+                          f"{', '.join(sorted(_STAGE_KEYS))}.")
+    out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
+    try:
+        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float)):
+            if spec.get(key) is not None:
+                out[key] = kind(spec[key])
+    except (TypeError, ValueError):
+        raise ConfigError(f"stage '{spec['name']}': steps must be an integer, promote_at and learning_rate "
+                          "numbers.") from None
+    if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0:
+        raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0.")
+    return out
+
+
+def plan(cfg: TrainConfig) -> list[Stage]:
+    """The stages of a run. Stages without steps share what `steps` leaves (the remainder goes to the last)."""
+    if not cfg.stages:
+        return [Stage(name=cfg.task, task=cfg.task, steps=cfg.steps)]
+    names = [s["name"] for s in cfg.stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"stage names must be distinct, got {', '.join(names)}: rename the repeated ones.")
+    fixed = sum(s["steps"] for s in cfg.stages if "steps" in s)
+    free = [i for i, s in enumerate(cfg.stages) if "steps" not in s]
+    rest = cfg.steps - fixed
+    if free and rest < len(free):
+        raise ConfigError(f"steps {cfg.steps} leaves {rest} for {len(free)} stage(s) without steps: raise steps "
+                          "or give each stage its own.")
+    out = []
+    for i, s in enumerate(cfg.stages):
+        if "steps" not in s:
+            s = {**s, "steps": rest // len(free) + (rest % len(free) if i == free[-1] else 0)}
+        out.append(Stage(**s))
+    return out
 
 
 PROFILES: dict[str, dict] = {
@@ -115,7 +188,10 @@ PROFILES: dict[str, dict] = {
     "quick": dict(steps=8, prompts_per_step=4, num_generations=4, max_new_tokens=96, eval_size=40,
                   eval_max_new_tokens=160, save_every=4),
     # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
-    "default": dict(),
+    "demo": dict(),
+    # the curriculum: basic, intermediate, advanced, with EWC against forgetting; every level evaluated
+    # before training and after each stage (the forgetting matrix)
+    "default": dict(stages=["basic", "intermediate", "advanced"], eval_size=100, ewc_lambda=1.0),
 }
 
 
@@ -149,9 +225,11 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     """Apply profile, file and overrides, check every key, and return a validated config."""
     if profile and profile not in PROFILES:
         raise ConfigError(f"unknown profile '{profile}': use one of {', '.join(PROFILES)}.")
-    values: dict = dict(PROFILES.get(profile or "default", {}))
-    values.update(load_file(file) if file else {})
-    values.update(overrides or {})
+    values: dict = dict(PROFILES.get(profile, {}) if profile else {})
+    mine = {**(load_file(file) if file else {}), **(overrides or {})}
+    if "task" in mine and "stages" not in mine:  # a task of your own replaces the profile's curriculum
+        values.pop("stages", None)
+    values.update(mine)
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(values) - set(known))
     if unknown:
@@ -170,6 +248,8 @@ def coerce(f: dataclasses.Field, value):
     try:
         if kind.startswith("list"):
             items = value.split(",") if isinstance(value, str) else list(value)
+            if f.name == "stages":  # names, name:steps, or YAML mappings (checked by parse_stage)
+                return [x.strip() if isinstance(x, str) else x for x in items if not isinstance(x, str) or x.strip()]
             inner = float if "float" in kind else str
             return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
         if kind == "bool":

@@ -58,3 +58,54 @@ class Tracker:
                 f" zero-std {r['frac_zero_std']:.2f}{kl} | len {r['completion_len']:.0f}"
                 f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
                 f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s | rss {r['peak_rss_mb']:.0f} MB")
+
+
+# ---------------------------------------------------------------------------- run status and lock (for watchers)
+def write_status(run_dir: Path, **fields) -> None:
+    """Merge `fields` into run_dir/status.json, atomically (a web page may read it at any moment)."""
+    import os
+    import time
+
+    path = Path(run_dir) / "status.json"
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        status = {}
+    status.update(fields, pid=os.getpid(), updated=time.time())
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(status, default=_jsonable))
+    os.replace(tmp, path)
+
+
+def lock_holder(run_dir: Path) -> int | None:
+    """The pid of the live process training in run_dir, or None (no lock, or a stale one)."""
+    import os
+
+    try:
+        pid = int(json.loads((Path(run_dir) / "run.lock").read_text())["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    return pid
+
+
+class RunLock:
+    """run_dir/run.lock holds the training pid: one training process per run directory."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "run.lock"
+
+    def __enter__(self):
+        import os
+        import time
+
+        holder = lock_holder(self.path.parent)
+        if holder is not None and holder != os.getpid():
+            raise SystemExit(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
+                             "stop it, or choose another --output-dir.")
+        self.path.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+        return False

@@ -1,0 +1,157 @@
+"""Curriculum stages, the diagonal Fisher information, Elastic Weight Consolidation, the forgetting matrix.
+
+EWC (Kirkpatrick et al., 2017) adds `lambda/2 * sum_k sum_i F_k,i (theta_i - theta*_k,i)^2` over earlier
+stages k. The sum over stages is kept in closed form: sum_k F_k (theta - a_k)^2 equals
+F (theta - a)^2 + C with F = sum_k F_k and a = sum_k F_k a_k / F, so two tensors per parameter hold any
+number of stages and the gradient is exact. Each stage's Fisher is normalised to mean 1 over the trainable
+parameters, so lambda is in units of "one average parameter": without that, raw Fisher values of a
+135M-parameter model are ~1e-8 and a useful lambda would depend on the model size.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import stats, tasks
+from .config import Stage, TrainConfig, plan
+from .tracking import read_jsonl
+
+EWC_FILE = "ewc.safetensors"
+
+
+# ---------------------------------------------------------------------------- data of a stage
+def _load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
+    return tasks.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
+
+
+def eval_specs(cfg: TrainConfig) -> list[str]:
+    """Every held-out set of a run: each stage's task, then eval_task's entries, without repeats."""
+    specs = [s.task for s in plan(cfg)] + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
+    return list(dict.fromkeys(specs))
+
+
+def held_out(cfg: TrainConfig) -> list[tasks.Example]:
+    """The evaluation problems: eval_size from the test split of each set (seed + 1), never trained on."""
+    if cfg.eval_size == 0:
+        return []
+    return [ex for spec in eval_specs(cfg) for ex in _load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test")]
+
+
+def validation(cfg: TrainConfig, stage: Stage) -> list[tasks.Example]:
+    """Problems for promotion checks: the ones right after the held-out set in the same sequence (disjoint)."""
+    n = cfg.eval_size + cfg.promote_size
+    return _load(cfg, stage.task, n, cfg.seed + 1, "test")[cfg.eval_size:]
+
+
+# ---------------------------------------------------------------------------- Fisher and EWC
+def trainable(model) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def fisher_diagonal(model, seq_logprob, n: int) -> dict[str, torch.Tensor]:
+    """Mean squared gradient of log p(completion | prompt) over n samples, normalised to mean 1.
+
+    `seq_logprob(i)` returns the summed log-prob (a scalar with grad) of sample i; the samples should come
+    from the policy itself (then this is the Fisher, not the empirical Fisher of fixed data).
+    """
+    params = trainable(model)
+    acc = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
+    for i in range(n):
+        model.zero_grad(set_to_none=True)
+        seq_logprob(i).backward()
+        for k, p in params.items():
+            if p.grad is not None:
+                acc[k] += p.grad.float() ** 2
+    model.zero_grad(set_to_none=True)
+    mean = sum(v.sum().item() for v in acc.values()) / max(1, sum(v.numel() for v in acc.values())) / n
+    scale = 1.0 / (n * mean) if mean > 0 else 0.0
+    return {k: v.mul_(scale) for k, v in acc.items()}
+
+
+@dataclass
+class EWC:
+    """Accumulated Fisher F, Fisher-weighted anchor a and constant C of the earlier stages."""
+
+    fisher: dict[str, torch.Tensor] = field(default_factory=dict)
+    anchor: dict[str, torch.Tensor] = field(default_factory=dict)
+    const: float = 0.0
+    stages: list[str] = field(default_factory=list)
+
+    def add_stage(self, name: str, fisher: dict[str, torch.Tensor], params: dict[str, torch.Tensor]) -> None:
+        for k, f_new in fisher.items():
+            theta = params[k].detach().float()
+            if k not in self.fisher:
+                self.fisher[k], self.anchor[k] = f_new.clone(), theta.clone()
+                continue
+            f_old, a_old = self.fisher[k], self.anchor[k]
+            f = f_old + f_new
+            a = torch.where(f > 0, (f_old * a_old + f_new * theta) / f.clamp(min=1e-30), theta)
+            self.const += ((f_old * a_old ** 2).sum() + (f_new * theta ** 2).sum() - (f * a ** 2).sum()).item()
+            self.fisher[k], self.anchor[k] = f, a
+        self.stages.append(name)
+
+    def apply(self, model, lam: float) -> float:
+        """Add lam * F * (theta - a) to each trainable parameter's .grad; return lam/2 * (sum F (theta-a)^2 + C)."""
+        if not self.fisher or lam == 0:
+            return 0.0
+        total = self.const
+        with torch.no_grad():
+            for k, p in trainable(model).items():
+                if k not in self.fisher:
+                    continue
+                diff = p.detach().float() - self.anchor[k]
+                weighted = self.fisher[k] * diff
+                total += (weighted * diff).sum().item()
+                g = (lam * weighted).to(p.dtype)
+                p.grad = g if p.grad is None else p.grad.add_(g)
+        return 0.5 * lam * total
+
+    def save(self, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {f"fisher.{k}": v.contiguous() for k, v in self.fisher.items()}
+        tensors |= {f"anchor.{k}": v.contiguous() for k, v in self.anchor.items()}
+        save_file(tensors, str(path), metadata={"const": repr(self.const), "stages": json.dumps(self.stages)})
+
+    @classmethod
+    def load(cls, path: Path) -> EWC:
+        from safetensors import safe_open
+
+        out = cls()
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            for key in f.keys():
+                kind, name = key.split(".", 1)
+                (out.fisher if kind == "fisher" else out.anchor)[name] = f.get_tensor(key)
+        out.const, out.stages = float(meta["const"]), json.loads(meta["stages"])
+        return out
+
+
+# ---------------------------------------------------------------------------- the forgetting matrix
+def stage_eval_path(run: Path, index: int, name: str) -> Path:
+    return Path(run) / "evals" / f"after-{index + 1}-{name}.jsonl"
+
+
+def matrix_row(label: str, records: list[dict]) -> dict:
+    cells = {}
+    for r in records:
+        cells.setdefault(r["difficulty"], []).append(bool(r["correct"]))
+    return {"after": label, "cells": {lvl: stats.accuracy_summary(v) for lvl, v in cells.items()}}
+
+
+def write_forgetting(run: Path, cfg: TrainConfig) -> dict:
+    """forgetting.json: accuracy per evaluated level (columns) before training and after each stage (rows)."""
+    rows = [matrix_row("base", read_jsonl(Path(run) / "eval_before.jsonl"))]
+    for i, stage in enumerate(plan(cfg)):
+        records = read_jsonl(stage_eval_path(run, i, stage.name))
+        if records:
+            rows.append(matrix_row(stage.name, records))
+    levels = list(dict.fromkeys(lvl for row in rows for lvl in row["cells"]))
+    data = {"levels": levels, "rows": rows, "stages": [s.name for s in plan(cfg)], "written": time.time()}
+    (Path(run) / "forgetting.json").write_text(json.dumps(data, indent=2))
+    return data

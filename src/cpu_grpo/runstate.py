@@ -1,0 +1,123 @@
+"""A run's parts: its directory, model, sampler, optimizer and progress; built fresh or from a checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import checkpoint, curriculum, evaluate
+from .config import TrainConfig
+from .models import load_model
+from .rollout import Sampler, eos_ids
+
+
+def bf16_supported() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
+
+
+def run_dir_for(cfg: TrainConfig, profile: str = "default") -> Path:
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    name = cfg.run_name or f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / name
+
+
+def make_optimizer(cfg: TrainConfig, model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        rest = max(1, cfg.total_steps - cfg.warmup_steps)
+        frac = min(1.0, (step - cfg.warmup_steps) / rest)
+        return {"constant": 1.0, "linear": 1 - frac, "cosine": 0.5 * (1 + math.cos(math.pi * frac))}[cfg.lr_scheduler]
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def prepare_model(cfg: TrainConfig, log):
+    model, tok = load_model(cfg.model, cfg.trust_remote_code, log=log)
+    if cfg.use_lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model, tok
+
+
+@dataclass
+class Run:
+    """What the loop works with; no global state, so a process can hold several (tests) or one per rank."""
+
+    cfg: TrainConfig
+    dir: Path
+    model: object
+    tok: object
+    sampler: Sampler
+    opt: torch.optim.Optimizer
+    sched: object
+    gen: torch.Generator
+    stops: list[int]
+    autocast: bool
+    log: object
+    ewc: curriculum.EWC = field(default_factory=curriculum.EWC)
+    step: int = 0  # optimizer steps in the whole run
+    stage_index: int = 0  # the stage being trained
+    stage_step: int = 0  # steps done in that stage
+    data_pos: int = 0  # prompts of that stage's training order consumed
+
+
+def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume from; refuses to overwrite or to resume nothing."""
+    if resume and not (cfg.output_dir or cfg.run_name):
+        raise SystemExit("--resume needs the run to continue: pass its --output-dir or --run-name.")
+    run = run_dir_for(cfg, profile)
+    ckpt = checkpoint.latest(run) if resume else None
+    if resume and ckpt is None:
+        raise SystemExit(f"--resume: no complete checkpoint under {run}/checkpoints: start a new run without --resume.")
+    if not resume and (run / "metrics.jsonl").exists():
+        raise SystemExit(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
+                         "or --run-name (nothing was overwritten).")
+    run.mkdir(parents=True, exist_ok=True)
+    return run, ckpt
+
+
+def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[Run, object]:
+    """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference)."""
+    model, tok = prepare_model(cfg, log)
+    ref = Sampler(model, dtype=torch.float32).net if cfg.beta > 0 else None  # frozen base, before any resume
+    if ckpt is not None:
+        model = evaluate.load_weights(model, ckpt)
+    autocast = cfg.bf16 and bf16_supported()
+    opt, sched = make_optimizer(cfg, model)
+    run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,
+              sched, torch.Generator().manual_seed(cfg.seed), eos_ids(tok, model), autocast, log)
+    if ckpt is not None:
+        state = checkpoint.load_state(ckpt)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        checkpoint.restore_rng(state["rng"], run.gen)
+        run.step, run.data_pos = state["step"], state["data_pos"]
+        run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
+        if (ckpt / curriculum.EWC_FILE).exists():
+            run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
+        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
+    return run, ref
+
+
+def save_checkpoint(r: Run, tag: str = "") -> None:
+    state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": checkpoint.rng_state(r.gen),
+             "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step}
+    extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
+    checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag, extra=extra)

@@ -1,0 +1,159 @@
+"""Curriculum stages, Fisher, EWC (math by hand on tiny tensors), and a two-stage run on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train import tiny_cfg
+
+from cpu_grpo import checkpoint, config, curriculum
+from cpu_grpo import train as train_mod
+from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.train import train
+
+
+class Linear1(torch.nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(w))
+
+
+def test_fisher_is_the_mean_squared_gradient_normalised_to_mean_one():
+    m = Linear1([0.5, -1.0, 2.0])
+    xs = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    fisher = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
+    # d/dw (w . x_i) = x_i; mean of squares = [(1+9)/2, 4/2, 0] = [5, 2, 0]; its mean is 7/3 -> [15/7, 6/7, 0]
+    assert torch.allclose(fisher["w"], torch.tensor([15 / 7, 6 / 7, 0.0]), atol=1e-6)
+    assert m.w.grad is None
+
+
+def test_ewc_over_two_stages_equals_the_sum_of_both_penalties():
+    m = Linear1([0.0, 0.0, 0.0])
+    ewc = curriculum.EWC()
+    f1, a1 = torch.tensor([1.0, 2.0, 0.0]), torch.tensor([1.0, -1.0, 3.0])
+    f2, a2 = torch.tensor([3.0, 0.0, 0.5]), torch.tensor([2.0, 5.0, -1.0])
+    ewc.add_stage("s1", {"w": f1}, {"w": a1})
+    ewc.add_stage("s2", {"w": f2}, {"w": a2})
+    theta = torch.tensor([0.5, 1.5, -2.0])
+    with torch.no_grad():
+        m.w.copy_(theta)
+    lam = 0.7
+    penalty = ewc.apply(m, lam)
+    direct = theta.clone().requires_grad_()
+    expected = lam / 2 * ((f1 * (direct - a1) ** 2).sum() + (f2 * (direct - a2) ** 2).sum())
+    expected.backward()
+    assert penalty == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(m.w.grad, direct.grad, atol=1e-5)
+    assert ewc.stages == ["s1", "s2"]
+
+
+def test_ewc_is_zero_at_its_anchor_and_when_off(tmp_path):
+    m = Linear1([1.0, 2.0])
+    ewc = curriculum.EWC()
+    ewc.add_stage("s1", {"w": torch.tensor([1.0, 1.0])}, {"w": m.w})
+    assert ewc.apply(m, 5.0) == pytest.approx(0.0) and torch.equal(m.w.grad, torch.zeros(2))
+    m.w.grad = None
+    assert ewc.apply(m, 0.0) == 0.0 and m.w.grad is None
+    ewc.save(tmp_path / "e.safetensors")
+    back = curriculum.EWC.load(tmp_path / "e.safetensors")
+    assert back.stages == ["s1"] and torch.equal(back.fisher["w"], ewc.fisher["w"]) and back.const == ewc.const
+
+
+def stage_cfg(tiny_model, out, reward_file, **kw):
+    values = dict(stages=["basic:3", "intermediate:3"], steps=6, ewc_lambda=10.0, fisher_samples=3,
+                  save_every=2, keep_checkpoints=1, eval_size=4)
+    values.update(kw)
+    return tiny_cfg(tiny_model, out, reward_file, **values)
+
+
+def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(stage_cfg(tiny_model, out, reward_file), log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [(m["stage"], m["stage_step"]) for m in metrics] == [
+        ("basic", 1), ("basic", 2), ("basic", 3), ("intermediate", 1), ("intermediate", 2), ("intermediate", 3)]
+    # no penalty in stage 1; 0 at the first step of stage 2 (the weights are the anchor), then > 0
+    assert all(m["ewc_penalty"] == 0 for m in metrics[:4]) and all(m["ewc_penalty"] > 0 for m in metrics[4:])
+    stages = read_jsonl(out / "stages.jsonl")
+    assert [(s["stage"], s["end_step"]) for s in stages] == [("basic", 3), ("intermediate", 6)]
+    assert stages[0]["fisher_samples"] == 3 and "fisher_samples" not in stages[1]  # no later stage needs it
+    # stage ends are kept by the rotation (keep_checkpoints=1), each with its tag; EWC state from stage 1 on
+    kept = checkpoint.complete(out / "checkpoints")
+    assert [c.name for c in kept] == ["step-000003", "step-000006"]
+    assert (kept[0] / checkpoint.STAGE_FILE).read_text().strip() == "basic"
+    ewc = load_file(kept[0] / curriculum.EWC_FILE)
+    assert {k.split(".", 1)[0] for k in ewc} == {"fisher", "anchor"}
+    # the forgetting matrix: base and one row per stage, both levels evaluated each time
+    matrix = json.loads((out / "forgetting.json").read_text())
+    assert [r["after"] for r in matrix["rows"]] == ["base", "basic", "intermediate"]
+    assert matrix["levels"] == ["basic", "intermediate"]
+    assert all(c["n"] == 4 for r in matrix["rows"] for c in r["cells"].values())
+    assert read_jsonl(out / "eval_after.jsonl") == read_jsonl(curriculum.stage_eval_path(out, 1, "intermediate"))
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == 6 and not (out / "run.lock").exists()
+
+
+def weighted_drift(run: Path, fisher: dict) -> float:
+    """sum F (theta - theta_stage1)^2 over stage 2: what EWC penalises (F from the end of stage 1)."""
+    a = load_file(run / "checkpoints" / "step-000003" / "model.safetensors")
+    b = load_file(run / "checkpoints" / "step-000011" / "model.safetensors")
+    return sum(float((fisher[k] * (a[k] - b[k]) ** 2).sum()) for k in fisher)
+
+
+def test_ewc_holds_the_weights_that_mattered_for_the_first_stage(tiny_model, tmp_path, reward_file):
+    # Adam moves every parameter by ~lr per step whatever the gradient's size, so even a huge lambda only
+    # turns steady drift into oscillation around the anchor: compare after 8 steps of stage 2, not 1 or 2.
+    # Parameters with Fisher 0 (e.g. embeddings of tokens not seen in stage 1) are free to move, by design.
+    free, held = tmp_path / "free", tmp_path / "held"
+    kw = dict(stages=["basic:3", "intermediate:8"], steps=11, eval_size=0, save_every=0, fisher_samples=6)
+    train(stage_cfg(tiny_model, free, reward_file, ewc_lambda=0.0, **kw), log=lambda *a: None)
+    train(stage_cfg(tiny_model, held, reward_file, ewc_lambda=1e4, **kw), log=lambda *a: None)
+    ewc = curriculum.EWC.load(held / "checkpoints" / "step-000003" / curriculum.EWC_FILE)
+    assert weighted_drift(held, ewc.fisher) < 0.25 * weighted_drift(free, ewc.fisher)
+
+
+def test_resume_inside_the_second_stage(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(stage_cfg(tiny_model, out, reward_file, steps=5, stages=["basic:3", "intermediate:2"], eval_size=0),
+          log=lambda *a: None)
+    train(stage_cfg(tiny_model, out, reward_file, steps=6, stages=["basic:3", "intermediate:3"], eval_size=0),
+          resume=True, log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert metrics[-1]["stage"] == "intermediate" and metrics[-1]["stage_step"] == 3
+    assert metrics[-1]["ewc_penalty"] > 0  # the Fisher of stage 1 came back from the checkpoint
+
+
+def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeypatch):
+    monkeypatch.setattr(train_mod, "promoted", lambda r, stage, val: 1.0 if r.stage_step == 2 else None)
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, stages=[{"name": "basic", "steps": 4, "promote_at": 0.5},
+                                                          "intermediate:2"], ewc_lambda=0.0, eval_size=0)
+    train(cfg, log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [(m["stage"], m["stage_step"]) for m in metrics] == [
+        ("basic", 1), ("basic", 2), ("intermediate", 1), ("intermediate", 2)]
+    assert read_jsonl(out / "stages.jsonl")[0]["promoted"] is True
+
+
+def test_validation_is_disjoint_from_the_held_out_set():
+    cfg = config.build(None, None, {"eval_size": 30, "promote_size": 20})
+    held = {ex.question for ex in curriculum.held_out(cfg)}
+    val = curriculum.validation(cfg, config.plan(cfg)[0])
+    assert len(val) == 20 and not held & {ex.question for ex in val}
+
+
+def test_a_second_process_on_a_busy_run_dir_is_refused(tmp_path):
+    from cpu_grpo.tracking import RunLock
+
+    (tmp_path / "run.lock").write_text(json.dumps({"pid": 1, "started": 0}))  # pid 1 is alive
+    with pytest.raises(SystemExit, match="is being trained by process 1"):
+        RunLock(tmp_path).__enter__()
+    (tmp_path / "run.lock").write_text(json.dumps({"pid": 2 ** 22 + 12345, "started": 0}))  # stale
+    with RunLock(tmp_path):
+        assert json.loads((tmp_path / "run.lock").read_text())["pid"] != 1
+    assert not (tmp_path / "run.lock").exists()
