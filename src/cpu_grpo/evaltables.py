@@ -1,7 +1,7 @@
 """Every evaluation metric per difficulty level, as numbers (for summary.json) and as markdown tables.
 
 Rates (accuracy under each extractor, reasoning quality, consistency) carry a 95% Wilson interval;
-means (calculation steps) a normal-approximation interval. Before/after on the same problems: the
+means (calculation steps, pass@k) a percentile bootstrap interval. Before/after on the same problems: the
 paired difference with a bootstrap interval, and for rates McNemar's exact p-value. A metric that is
 None for a problem (no computation to be consistent with, math-verify not installed) leaves that
 problem out of that metric, and out of its pairs. Records of older runs that lack a metric skip it.
@@ -38,28 +38,30 @@ def by_level(records: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def mean_summary(values: list[float]) -> dict:
-    """{"mean", "n", "ci95"}: the mean with a normal-approximation 95% interval.
+def _bootstrap_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """Means of n_boot resamples (with replacement) of x, drawn 1,000 at a time to bound memory."""
+    rng = np.random.default_rng(seed)
+    sizes = [1000] * (n_boot // 1000) + ([n_boot % 1000] if n_boot % 1000 else [])
+    return np.concatenate([x[rng.integers(0, len(x), (m, len(x)))].mean(axis=1) for m in sizes])  # (n_boot,)
 
-    >>> mean_summary([1.0, 2.0, 3.0])["mean"], mean_summary([])["n"]
-    (2.0, 0)
+
+def mean_summary(values: list[float], n_boot: int = 10000, seed: int = 0) -> dict:
+    """{"mean", "n", "ci95"}: the mean with a percentile bootstrap 95% interval (it stays within the data's range).
+
+    >>> mean_summary([0.0, 1.0])  # resampled means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
+    {'mean': 0.5, 'n': 2, 'ci95': [0.0, 1.0]}
     """
-    n = len(values)
-    if n == 0:
+    if not values:
         return {"mean": math.nan, "n": 0, "ci95": [math.nan, math.nan]}
-    m = sum(values) / n
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    half = stats.Z95 * sd / math.sqrt(n)
-    return {"mean": m, "n": n, "ci95": [m - half, m + half]}
+    x = np.asarray(values, dtype=float)  # (n,)
+    lo, hi = np.percentile(_bootstrap_means(x, n_boot, seed), [2.5, 97.5])
+    return {"mean": float(x.mean()), "n": len(x), "ci95": [float(lo), float(hi)]}
 
 
 def paired_mean_diff(before: list[float], after: list[float], n_boot: int = 10000, seed: int = 0) -> dict:
     """mean(after - before) with a percentile 95% interval from resampling the pairs."""
     d = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)  # (n,)
-    rng = np.random.default_rng(seed)
-    boots = np.concatenate([d[rng.integers(0, len(d), (m, len(d)))].mean(axis=1)  # (m,) per chunk
-                            for m in [1000] * (n_boot // 1000) + [n_boot % 1000] if m])
-    lo, hi = np.percentile(boots, [2.5, 97.5])
+    lo, hi = np.percentile(_bootstrap_means(d, n_boot, seed), [2.5, 97.5])
     return {"diff": float(d.mean()), "ci95": [float(lo), float(hi)], "n": len(d),
             "significant": bool(lo > 0 or hi < 0)}
 
@@ -199,7 +201,7 @@ def pass_ks(k: int) -> list[int]:
 
 
 def sampled_summary(records: list[dict]) -> dict:
-    """Per level: pass@j for every j (mean of the unbiased per-problem estimates, normal interval) and
+    """Per level: pass@j for every j (mean of the unbiased per-problem estimates, bootstrap interval) and
     maj@k (the majority-vote answer right, Wilson interval)."""
     out = {}
     for level, recs in by_level(records).items():
@@ -222,7 +224,7 @@ def sampled_table(summary: dict) -> str:
         for c in cols:
             s = entry[c]
             v = s["accuracy"] if c.startswith("maj") else s["mean"]
-            lo, hi = (min(max(x, 0.0), 1.0) for x in s["ci95"])
+            lo, hi = s["ci95"]
             cells.append(f"{100 * v:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})")
         rows.append(f"| {level} | {entry[cols[-1]]['n']} | " + " | ".join(cells) + " |")
     return head + "\n".join(rows) + "\n"

@@ -43,7 +43,7 @@ def stage_boundaries(metrics: list[dict]) -> list[float]:
 
 
 def series(metrics: list[dict], keys: list[str]) -> dict[str, tuple[list[int], list[float]]]:
-    """{key: (steps, values)} for each key (prefix keys expanded), skipping missing and NaN values.
+    """{key: (steps, values)} for each key (prefix keys expanded), skipping missing and non-finite values.
 
     >>> series([{"step": 1, "reward": 0.5, "reward/format": 0.2}, {"step": 2, "reward": float("nan")}], ["reward/"])
     {'reward/format': ([1], [0.2])}
@@ -55,7 +55,7 @@ def series(metrics: list[dict], keys: list[str]) -> dict[str, tuple[list[int], l
     out = {}
     for name in names:
         pts = [(m["step"], float(m[name])) for m in metrics
-               if isinstance(m.get(name), int | float) and not math.isnan(m[name])]
+               if isinstance(m.get(name), int | float) and not isinstance(m[name], bool) and math.isfinite(m[name])]
         if pts:
             out[name] = ([s for s, _ in pts], [v for _, v in pts])
     return out
@@ -74,7 +74,8 @@ def _pyplot():
 
 def write_plots(run: Path) -> list[Path]:
     """Draw the run's curves under `<run>/plots/`; returns the PNG paths (none without metrics.jsonl)."""
-    metrics = read_jsonl(Path(run) / "metrics.jsonl")
+    by_step = {m["step"]: m for m in read_jsonl(Path(run) / "metrics.jsonl") if isinstance(m.get("step"), int)}
+    metrics = [by_step[s] for s in sorted(by_step)]  # a resumed run may log a step twice: the later one counts
     if not metrics:
         return []
     plt = _pyplot()

@@ -113,7 +113,7 @@ def _metrics_section(summary: dict) -> list[str]:
             "annotation); reasoning quality = at least two steps; consistency = the final answer equals the "
             "result of the last step (problems without a step left out); calculations right = steps whose "
             "result is the value of the expression.", "",
-            metric_table(summary["metrics"]), *metric_sentences(summary["metrics"]), ""]
+            metric_table(summary["metrics"]), *[f"- {x}" for x in metric_sentences(summary["metrics"])], ""]
 
 
 def _plots_section(run: Path) -> list[str]:
