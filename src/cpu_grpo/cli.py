@@ -23,14 +23,14 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _config_from(args) -> config_mod.TrainConfig:
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    return config_mod.build(args.profile, args.config, overrides)
+    return config_mod.build(args.profile or args.default_profile, args.config, overrides)
 
 
 def cmd_train(args) -> int:
     from .train import train
 
     cfg = _config_from(args)
-    train(cfg, profile=args.profile or "default", resume=args.resume)
+    train(cfg, profile=args.profile or args.default_profile, resume=args.resume)
     return 0
 
 
@@ -74,15 +74,26 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_app(args) -> int:
+    try:
+        from .app.ui import launch
+    except ImportError:
+        print("cpu-grpo: the web app needs gradio: pip install 'cpu-grpo[app]'.", file=sys.stderr)
+        return 2
+    launch(args.runs_dir, args.host, args.port, args.auth, args.share)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cpu-grpo", description="GRPO fine-tuning of small language models on a CPU.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train with GRPO (evaluates before and after, writes a report)")
+    p = sub.add_parser("train", help="train with GRPO (profile default: the basic, intermediate, advanced "
+                       "curriculum with EWC; evaluates before and after each stage, writes a report)")
     _add_config_args(p)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, default_profile="default")
     p = sub.add_parser("demo", help="the default job: train the default model on basic problems, before/after report")
     _add_config_args(p)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, default_profile="demo")
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
     p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
@@ -102,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_b", metavar="RUN_B", help="another run directory")
     p.add_argument("--output", default=None, metavar="FILE.md", help="write the markdown here instead of printing")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("app", help="web page on this machine: train, watch, inspect groups, evaluate, compare, try")
+    p.add_argument("--runs-dir", default="runs", help="directory whose runs the page lists and starts")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
+                   "0.0.0.0 shares it on your network: add --auth)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--auth", default=None, metavar="USER:PASSWORD", help="ask for this login")
+    p.add_argument("--share", action="store_true", help="also open a public share link (off unless asked)")
+    p.set_defaults(func=cmd_app)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
