@@ -43,7 +43,7 @@ class TrainConfig:
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
-    fisher_samples: int = _f(64, "sampled completions used to estimate the Fisher diagonal at the end of a stage")
+    fisher_samples: int = _f(32, "sampled completions used to estimate the Fisher diagonal at the end of a stage")
     # -- rollouts
     steps: int = _f(30, "optimizer steps (with stages: the budget split equally among stages without steps)")
     prompts_per_step: int = _f(8, "prompts per step (B)")
