@@ -131,7 +131,28 @@ def test_chains_parentheses_and_notation():
     assert computations("1/2 + 1/4 = 3/4")[0].result == "3/4"  # a fraction result when no "=" follows it
 
 
+def test_chains_that_rewrite_an_expression():
+    # the number after the first "=" (4) is not 4 * 60 / 5 = 48 and an operator follows it: a rewriting
+    assert [(c.expr, c.result) for c in computations("4 * 60 / 5 = 4 * 12 = 48")] == [("4 * 12", "48")]
+    assert [(c.expr, c.result) for c in computations("3 * 4 = 13 + 2 = 15")] == [("13 + 2", "15")]  # slip unseen
+    assert [(c.expr, c.result) for c in computations("6 * 2 = 12/2 = 6")] == [("12/2", "6")]
+    text = "(30 - 12)/2 = 18/2 = <<(30-12)/2=9>>9"
+    assert [(c.expr, c.result) for c in computations(text)] == [("(30-12)/2", "9")]
+
+
+def test_numbers_as_written():
+    assert computations("3 / 2 = 1 1/2 hours")[0].result == "1 1/2" and calc_steps("3 / 2 = 1 1/2") == 1
+    assert calc_is_right(computations("3 / 2 = 1 1/2 hours")[0])  # 1 + 1/2 = 3/2
+    assert calc_is_right(computations("30 x .25 = 7.5")[0])  # ".25" is a number
+    assert calc_is_right(computations("200*40*.01 = 80")[0])  # ".01" keeps its zero: 200 * 40 / 100 = 80
+    assert calc_is_right(computations("1 \u2013 3/4 = 1/4")[0])  # an en dash as minus
+
+
 def test_what_is_not_a_computation():
+    assert calc_steps("2x + 3 = 7") == 0 and calc_steps("x * (4/5) = 240") == 0  # algebra: a variable
+    assert calc_steps("27(1/3) = 9") == 0  # an implicit product
+    assert calc_steps("$350 000 + $17500 = $367 500") == 0  # a space as thousands separator
+    assert calc_steps("x = <<40=40>>40") == 0  # one number, no operator
     assert calc_steps("3 apples + 4 apples = 7 apples") == 0  # words between the numbers
     assert calc_steps("x = 3 + 4") == 0  # "3 + 4" is not followed by "= number"
     assert calc_steps("3 + 4 =\n7") == 0  # a computation stays on one line

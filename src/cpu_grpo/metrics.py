@@ -9,10 +9,15 @@ Pure functions on strings (no torch). Correctness:
 
 The work (the seed system's qualitative metrics, made precise):
 - a *computation* is an arithmetic expression of at least two numbers joined by + - * / x × ÷ ·
-  (parentheses, "$", thousands commas and "%" allowed, all on one line), then "=", then a number:
-  "16 - 3 = 13", "$2 x 9 = $18", "(3 + 4) * 2 = 14". A GSM8K annotation "<<16-3=13>>" is one, and
-  "16 - 3 = <<16-3=13>>13" counts once. A chain "3 * 4 = 12 + 2 = 14" is two. Words between the
-  numbers ("3 apples + 4 apples") and powers are not recognised;
+  (parentheses, "$", thousands commas and "%" allowed, all on one line), then "=", then a result: a
+  number, fraction or mixed number ("16 - 3 = 13", "$2 x 9 = $18", "(3 + 4) * 2 = 14", "3 / 2 = 1 1/2").
+  A GSM8K annotation "<<16-3=13>>" is one, and "16 - 3 = <<16-3=13>>13" counts once. A chain
+  "3 * 4 = 12 + 2 = 14" is two computations. But when an operator follows the number after "=" and that
+  number is not the value before it, the right side is an expression being rewritten and only the last
+  link counts: "4 * 60 / 5 = 4 * 12 = 48" is one computation (so is the slip "3 * 4 = 13 + 2 = 15"), as
+  is "6 * 2 = 12/2 = 6". Not computations: words between the numbers ("3 apples + 4 apples"), algebra
+  and implicit products (an expression that continues a variable, a parenthesis or another number:
+  "2x + 3 = 7", "27(1/3) = 9"), powers, "40 = 40";
 - calc_steps: the number of computations;
 - reasoning_quality: at least two computations (two explicit steps of work);
 - consistent: the final answer (the `auto` extractor, the one `correct` uses) equals, as a number, the
@@ -175,15 +180,22 @@ def lm_eval_flexible_extract(completion: str, gold: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- the work
-_NUMBER = r"\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?"
+_NUMBER = r"\$?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)%?"  # "1,234.5", "$18", ".5", "20%"
 _OPERAND = r"\(*[ \t]*" + _NUMBER + r"(?:[ \t]*\))*"
 _OPERATOR = r"[-+*/×÷xX·]"
 _EXPR = r"(?:(?<![\w)])-)?" + _OPERAND + r"(?:[ \t]*" + _OPERATOR + r"[ \t]*" + _OPERAND + r")+"
-# the result: a number, or a fraction "3/4" unless an "=" follows it (then "12/2 = 6" goes on a chain)
-_RESULT = r"-?" + _NUMBER + r"(?:/\d+(?!\d|[ \t]*=))?"
-_COMPUTATION = re.compile(r"(?<![\w.,$])(" + _EXPR + r")[ \t]*=[ \t]*(" + _RESULT + r")(?!\d)")
+# the result: a number, a fraction "3/4" or a mixed number "3 1/2", complete (no digit, "/" or ",123" after
+# it) and not followed by "=" ("6 * 2 = 12/2 = 6": the chain goes on from "12/2")
+_RESULT = r"-?(?:\d+[ \t]+\d+/\d+|" + _NUMBER + r"(?:/\d+)?)"
+_RESULT_END = r"(?!\.?\d|/|,\d|[ \t]*=)"
+_CONTINUES = re.compile(r"[ \t]*" + _OPERATOR + r"[ \t]*[\d(.$]")  # "= 4 * 12 ...": an expression follows
+_COMPUTATION = re.compile(r"(?<![\w.,$])(" + _EXPR + r")[ \t]*=[ \t]*(" + _RESULT + r")" + _RESULT_END)
+# text before an expression that makes it the tail of a longer one: an operator, a parenthesis, a digit
+# ("$350 000 + ..."), or a standalone x ("2x + 3 = 7", "27(1/3) = 9", "¾ x 3/3 = 9/12")
+_FRAGMENT_END = re.compile(r"(?:[-+*/×÷·^()\d]|(?<![A-Za-z])[xX])[ \t]*$")
 _ANNOTATION = re.compile(r"<<([^<>]*)>>")
-_LATEX = {"\\times": "×", "\\cdot": "·", "\\div": "÷", "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " "}
+_PLAIN = {"\\times": "×", "\\cdot": "·", "\\div": "÷", "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ",
+          "\u2013": "-", "\u2212": "-"}  # LaTeX operators and delimiters; en dash and minus sign as "-"
 _AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
@@ -198,7 +210,7 @@ def _evaluate(expr: str) -> Fraction | None:
     text = expr.replace("$", "").replace(",", "").replace(" ", "").replace("\t", "")
     for written, op in (("×", "*"), ("x", "*"), ("X", "*"), ("·", "*"), ("÷", "/")):
         text = text.replace(written, op)
-    text = re.sub(r"([\d.]+)%", r"(\1/100)", re.sub(r"\b0+(\d)", r"\1", text))  # "05" is no Python literal
+    text = re.sub(r"([\d.]+)%", r"(\1/100)", re.sub(r"(?<![\d.])0+(\d)", r"\1", text))  # "05" is no Python literal
     while text.count("(") > text.count(")") and text.startswith("("):  # "(3 + 4) * 2" seen as "(3 + 4"
         text = text[1:]
     while text.count(")") > text.count("(") and text.endswith(")"):
@@ -225,20 +237,26 @@ def computations(text: str) -> list[Computation]:
     >>> [(c.expr, c.result) for c in computations("16 - 3 = <<16-3=13>>13 eggs; 13 x $2 = $26.")]
     [('16-3', '13'), ('13 x $2', '$26')]
     """
-    for latex, plain in _LATEX.items():
-        text = text.replace(latex, plain)
+    for written, plain in _PLAIN.items():
+        text = text.replace(written, plain)
     text = _ANNOTATION.sub(r" | \1 | ", text)
     out, pos = [], 0
     while (m := _COMPUTATION.search(text, pos)) is not None:
-        out.append(Computation(m.group(1).strip(), m.group(2), _evaluate(m.group(1))))
+        if _FRAGMENT_END.search(text[max(0, m.start() - 40):m.start()]):
+            pos = m.start() + 1
+            continue
+        c = Computation(m.group(1).strip(), m.group(2), _evaluate(m.group(1)))
+        if not (_CONTINUES.match(text, m.end()) and not calc_is_right(c)):  # see "A chain" in the module doc
+            out.append(c)
         pos = m.start(2)  # a chain "3 * 4 = 12 + 2 = 14" goes on from the result
     return out
 
 
 def _result_values(result: str) -> list[Fraction]:
     """The written result as a number; "50%" may mean 50 or 0.5, so both are offered."""
-    number, _, denominator = result.replace("$", "").replace(",", "").removesuffix("%").partition("/")
-    values = [Fraction(number) / Fraction(denominator or 1)]
+    text = result.replace("$", "").replace(",", "").removesuffix("%")
+    parts = (p.partition("/") for p in text.lstrip("-").split())  # "3 1/2" -> 3 + 1/2
+    values = [(-1 if text.startswith("-") else 1) * sum(Fraction(n) / Fraction(d or 1) for n, _, d in parts)]
     return values + [values[0] / 100] if result.endswith("%") else values
 
 
