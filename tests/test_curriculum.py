@@ -157,3 +157,12 @@ def test_a_second_process_on_a_busy_run_dir_is_refused(tmp_path):
     with RunLock(tmp_path):
         assert json.loads((tmp_path / "run.lock").read_text())["pid"] != 1
     assert not (tmp_path / "run.lock").exists()
+
+
+def test_ewc_with_lora_covers_only_the_adapters(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(stage_cfg(tiny_model, out, reward_file, use_lora=True, lora_r=4, lora_alpha=8, eval_size=0,
+                    stages=["basic:2", "intermediate:2"], steps=4), log=lambda *a: None)
+    ewc = curriculum.EWC.load(out / "checkpoints" / "step-000002" / curriculum.EWC_FILE)
+    assert ewc.fisher and all("lora_" in k for k in ewc.fisher)
+    assert read_jsonl(out / "metrics.jsonl")[-1]["ewc_penalty"] > 0
