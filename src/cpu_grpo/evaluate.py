@@ -135,7 +135,12 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print) -> dict:
 
     before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
     levels = compare(before, after) if before else {}
-    summary = {"model": cfg.model, "task": cfg.task, "steps": steps, "wall_seconds": round(wall, 1),
+    from .config import plan
+
+    stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
+              for st in plan(cfg)]
+    summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
+               "steps": steps, "wall_seconds": round(wall, 1),
                "levels": levels, "metrics": evaltables.metric_summary(before, after or None) if before else {}}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     report = write_report(run, cfg, summary)

@@ -139,12 +139,19 @@ def _training_section(run: Path, metrics: list[dict]) -> list[str]:
             f"{max(m['peak_rss_mb'] for m in metrics):.0f} MB", "", *_plots_section(run)]
 
 
+def _stages(summary: dict) -> str:
+    stages = summary.get("stages") or [summary["task"]]
+    ewc = f" with EWC (lambda {summary['ewc_lambda']:g})" if summary.get("ewc_lambda") and len(stages) > 1 else ""
+    return (f"task `{summary['task']}`" if len(stages) == 1 else "stages " + ", then ".join(f"`{s}`" for s in stages)
+            + ewc)
+
+
 def write_report(run: Path, cfg, summary: dict) -> Path:
     from .evaluate import table
 
     metrics = read_jsonl(run / "metrics.jsonl")
     lines = [f"# GRPO run `{run.name}`", "",
-             f"Model `{summary['model']}`, task `{summary['task']}`, {summary['steps']} steps, "
+             f"Model `{summary['model']}`, {_stages(summary)}, {summary['steps']} steps, "
              f"{summary['wall_seconds'] / 60:.1f} minutes wall (evaluations included).", ""]
     if summary["levels"]:
         lines += ["## Held-out accuracy, before and after (greedy)", "", table(summary["levels"])]
