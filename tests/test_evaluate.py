@@ -6,7 +6,7 @@ import json
 import math
 from types import SimpleNamespace
 
-from cpu_grpo import evaluate
+from cpu_grpo import config, evaluate
 from cpu_grpo.tasks import Example
 from cpu_grpo.tracking import read_jsonl
 
@@ -104,7 +104,7 @@ def test_write_summary_and_report(tmp_path):
              dict(before[1])]
     for name, recs in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
         (run / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cfg = SimpleNamespace(model="m", task="basic")
+    cfg = config.build(None, None, {"model": "m", "task": "basic"})
     summary = evaluate.write_summary(run, cfg, 3, 60.0, log=lambda *a: None)
     assert summary["levels"]["basic"]["after"]["accuracy"] == 1.0  # the existing keys stay
     assert summary["metrics"]["basic"]["calc_steps"]["after"]["mean"] == 0.5
