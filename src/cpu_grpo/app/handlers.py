@@ -1,0 +1,221 @@
+"""What the page's buttons and timer do. Each handler takes the runs root first (bound by ui.py) and
+returns plain values or gradio updates; gradio is imported inside the functions that need it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from . import chat, runs, views
+
+PLOTS = [  # (elem_id, title, metrics; a trailing '/' takes every metric with that prefix)
+    ("plot-reward", "reward (total and per function)", ["reward", "reward/"]),
+    ("plot-accuracy", "sampled accuracy", ["accuracy"]),
+    ("plot-kl", "KL to the reference (empty when beta = 0)", ["kl"]),
+    ("plot-length", "completion length (tokens)", ["completion_len"]),
+    ("plot-toks", "tokens/s", ["rollout_tok_s", "train_tok_s"]),
+    ("plot-memory", "peak RSS (MB)", ["peak_rss_mb"]),
+]
+
+
+def run_path(root: Path, name: str | None) -> Path | None:
+    return Path(root) / name if name else None
+
+
+def run_names(root: Path) -> list[str]:
+    return [r.name for r in runs.list_runs(root)]
+
+
+def frame(metrics: list[dict], keys: list[str]):
+    """Long-format DataFrame (step, value, metric) of the metrics named by `keys`."""
+    import pandas as pd
+
+    names = []
+    for key in keys:
+        if key.endswith("/"):
+            names += sorted({k for m in metrics for k in m if k.startswith(key)})
+        else:
+            names.append(key)
+    rows = [(s, v, name) for name in names for s, v in runs.series(metrics, name)]
+    return pd.DataFrame(rows, columns=["step", "value", "metric"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# page load, run selection, timer
+
+
+def on_load(root: Path):
+    """Re-attach: select the newest running run, else the newest run."""
+    import gradio as gr
+
+    names = run_names(root)
+    live = runs.attach(root)
+    value = live.name if live else (names[0] if names else None)
+    return gr.update(choices=names, value=value)
+
+
+def refresh_runs(root: Path, current: str | None):
+    import gradio as gr
+
+    names = run_names(root)
+    return gr.update(choices=names, value=current if current in names else (names[0] if names else None))
+
+
+def tick(root: Path, name: str | None, seen: dict | None):
+    """Every few seconds: status line, progress bars, curves (redrawn only when new steps came), console."""
+    import gradio as gr
+
+    seen = dict(seen or {})
+    names = run_names(root)
+    runs_update = gr.update(choices=names) if names != seen.get("names") else gr.skip()
+    seen["names"] = names
+    run = run_path(root, name)
+    if run is None:
+        return runs_update, "No run selected: start one in the Train tab.", "", *[gr.skip()] * len(PLOTS), "", seen
+    st = runs.status(run)
+    metrics = runs.read_metrics(run)
+    key = (name, len(metrics), metrics[-1]["step"] if metrics else None)
+    plots = [frame(metrics, keys) for _, _, keys in PLOTS] if key != seen.get("plots") else [gr.skip()] * len(PLOTS)
+    seen["plots"] = key
+    return (runs_update, views.status_line(name, st), views.progress_html(st), *plots, runs.console_tail(run), seen)
+
+
+def pickers(root: Path, name: str | None, eval_model=None, try_a=None, try_b=None, other=None):
+    """Model pickers (checkpoints of the run, its base model), the other-run list and the run's summary;
+    values already chosen stay."""
+    import gradio as gr
+
+    run = run_path(root, name)
+    if run is None:
+        return [gr.update()] * 4 + ["No run selected."]
+    base = runs.base_model(run)
+    ckpts = [str(p) for p in runs.checkpoints(run)]
+    models = [m for m in [*ckpts, base] if m]
+    others = [n for n in run_names(root) if n != name]
+    return (gr.update(choices=models, value=eval_model or (models[0] if models else None)),
+            gr.update(choices=models, value=try_a or base or None),
+            gr.update(choices=models, value=try_b or (ckpts[0] if ckpts else None)),
+            gr.update(choices=others, value=other if other in others else (others[0] if others else None)),
+            views.summary_markdown(run))
+
+
+def on_run_change(root: Path, name: str | None):
+    """A run was chosen: reset the pickers to its checkpoints, show its newest step's groups."""
+    import gradio as gr
+
+    run = run_path(root, name)
+    steps = runs.group_steps(run) if run else []
+    step = steps[-1] if steps else None
+    body = views.groups_html(runs.groups_at(run, step), step) if step is not None else views.groups_html([], None)
+    return (*pickers(root, name), gr.update(choices=steps, value=step), body)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Train
+
+
+def _command(root: Path, knob_names: list[str], values: list):
+    """(run dir, command, resume, error) from the Train tab's fields."""
+    model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
+    profile = profile or ""
+    name = (run_name or "").strip() or f"{profile or 'default'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if "/" in name or name.startswith("."):
+        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.')."
+    overrides = dict(zip(knob_names, knobs, strict=True))
+    if use_lora:
+        overrides["use_lora"] = True
+    try:
+        overrides.update(runs.parse_extra(extra))
+    except ValueError as e:
+        return None, None, resume, str(e)
+    error = runs.check_config(profile, (config_file or "").strip(), {**overrides, "model": model})
+    run = Path(root) / name
+    cmd = runs.build_command(run, model or "", profile, (config_file or "").strip(), overrides, bool(resume))
+    return run, cmd, bool(resume), error
+
+
+def preview(root: Path, knob_names: list[str], *values):
+    run, cmd, _, error = _command(root, knob_names, list(values))
+    text = runs.preview(cmd) if cmd else ""
+    return text, f"⚠️ {error}" if error else "This is the command that Start runs."
+
+
+def start(root: Path, knob_names: list[str], *values):
+    import gradio as gr
+
+    run, cmd, resume, error = _command(root, knob_names, list(values))
+    if error:
+        return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
+    pid, message = runs.start(cmd, run, resume)
+    if pid is None:
+        return runs.preview(cmd), f"⚠️ Not started: {message}", gr.skip()
+    return runs.preview(cmd), message, gr.update(choices=run_names(root), value=run.name)
+
+
+def stop(root: Path, name: str | None) -> str:
+    run = run_path(root, name)
+    return runs.stop(run) if run else "No run selected."
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Inspect groups
+
+
+def groups_refresh(root: Path, name: str | None, current=None):
+    """Fresh step list; keep the chosen step if it is still there, else show the newest."""
+    import gradio as gr
+
+    run = run_path(root, name)
+    steps = runs.group_steps(run) if run else []
+    step = int(current) if current is not None and int(current) in steps else (steps[-1] if steps else None)
+    body = views.groups_html(runs.groups_at(run, step), step) if step is not None else views.groups_html([], None)
+    return gr.update(choices=steps, value=step), body
+
+
+def groups_show(root: Path, name: str | None, step):
+    run = run_path(root, name)
+    if run is None or step is None:
+        return views.groups_html([], None)
+    return views.groups_html(runs.groups_at(run, int(step)), int(step))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluate and compare, Try
+
+
+def evaluate(root: Path, name: str | None, model: str, task: str, n, max_new_tokens):
+    """Run `cpu-grpo eval` as a separate process; stream its output; end with its accuracy table."""
+    run = run_path(root, name)
+    if run is None or not model:
+        yield "Choose a run and a model or checkpoint to evaluate.", ""
+        return
+    out = runs.eval_output(run, model, task or "basic", n or 50)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = runs.eval_command(model, task or "basic", n or 50, max_new_tokens or 256, out)
+    log_path = out.with_suffix(".log")
+    with open(log_path, "w") as log:
+        log.write(f"$ {runs.preview(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=runs.child_env())
+    while proc.poll() is None:
+        time.sleep(1.0)
+        yield log_path.read_text(errors="replace")[-8000:], ""
+    text = log_path.read_text(errors="replace")
+    result = f"exit code {proc.returncode}" if proc.returncode else f"records: `{out}`"
+    yield text[-8000:], views.eval_table(text) + f"\n{result}"
+
+
+def compare(root: Path, name: str | None, other: str | None):
+    a, b = run_path(root, name), run_path(root, other)
+    if a is None or b is None:
+        return "Choose two runs.", "", ""
+    return views.compare_markdown(a, b), views.summary_markdown(a), views.summary_markdown(b)
+
+
+def ask(model_a: str, model_b: str, question: str, instruction: str, max_new_tokens):
+    """The same question to two models, one after the other (the first answer shows as soon as it is ready)."""
+    first = chat.answer(model_a, question, instruction, int(max_new_tokens or 128))
+    yield first, "…"
+    yield first, chat.answer(model_b, question, instruction, int(max_new_tokens or 128))

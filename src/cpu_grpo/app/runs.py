@@ -1,0 +1,337 @@
+"""Runs for the web app: find them, start and stop them, read what they write. No gradio here.
+
+A run is a directory under the runs root. While its training process lives it holds `run.lock`
+({"pid", "started"}) and keeps `status.json`, `metrics.jsonl` and `groups.jsonl` up to date. The page
+never trains: it starts `cpu-grpo train` as a separate process and only reads these files, so a reload
+or a closed tab loses nothing. Every reader here takes a missing or half-written file in its stride.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..tracking import read_jsonl
+
+MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
+LIVE_STATES = ("starting", "evaluating", "training")
+_children: dict[str, subprocess.Popen] = {}  # runs this app started, by resolved path: their exit gets reaped
+_start_lock = threading.Lock()  # check-then-launch is one step, also for two tabs pressing Start at once
+
+
+# ---------------------------------------------------------------------------------------------------------
+# processes
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True while the process exists and is not a zombie (a killed run leaves a stale lock behind)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    for child in _children.values():
+        if child.pid == pid:
+            return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object from a file, or None when it is missing, half-written or not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def running_pid(run: Path) -> int | None:
+    """pid of the training process working in `run`, or None.
+
+    run.lock counts only while its pid lives; status.json's pid while its state is live; then a process
+    this app started there and whose lock is not written yet.
+    """
+    run = Path(run)
+    lock = read_json(run / "run.lock") or {}
+    if pid_alive(lock.get("pid")):
+        return lock["pid"]
+    status = read_json(run / "status.json") or {}
+    if status.get("state") in LIVE_STATES and pid_alive(status.get("pid")):
+        return status["pid"]
+    child = _children.get(str(run.resolve()))
+    if child is not None and child.poll() is None:
+        return child.pid
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finding runs
+
+
+def list_runs(root: Path) -> list[Path]:
+    """Run directories directly under root, the most recently written first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and any((p / m).exists() for m in MARKERS)]
+    return sorted(runs, key=_last_write, reverse=True)
+
+
+def _last_write(run: Path) -> float:
+    times = [(run / m).stat().st_mtime for m in MARKERS if (run / m).exists()]
+    return max(times, default=0.0)
+
+
+def attach(root: Path) -> Path | None:
+    """The newest run that is training now (what a reloaded page shows), else None."""
+    return next((r for r in list_runs(root) if running_pid(r)), None)
+
+
+def checkpoints(run: Path) -> list[Path]:
+    """Complete checkpoints of a run (they hold trainer_state.pt), newest first."""
+    found = [p for p in (Path(run) / "checkpoints").glob("step-*") if (p / "trainer_state.pt").exists()]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def base_model(run: Path) -> str:
+    """The model a run started from, from its saved config ('' when unknown)."""
+    return str(saved_config(run).get("model", ""))
+
+
+def saved_config(run: Path) -> dict:
+    path = Path(run) / "train_config.yaml"
+    if not path.exists():
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# reading a run
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [m for m in read_jsonl(Path(run) / "metrics.jsonl") if isinstance(m.get("step"), int)]
+
+
+def group_steps(run: Path) -> list[int]:
+    return sorted({g["step"] for g in read_jsonl(Path(run) / "groups.jsonl") if isinstance(g.get("step"), int)})
+
+
+def groups_at(run: Path, step: int) -> list[dict]:
+    return [g for g in read_jsonl(Path(run) / "groups.jsonl") if g.get("step") == step]
+
+
+def series(metrics: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric; missing and NaN values (KL when beta is 0) left out."""
+    out = []
+    for m in metrics:
+        v = m.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            out.append((m["step"], float(v)))
+    return out
+
+
+def eta_seconds(metrics: list[dict], step: int, total: int | None, window: int = 10) -> float | None:
+    """Time left: the mean step time of the last `window` steps times the steps left (None if unknown)."""
+    times = [v for _, v in series(metrics[-window:], "step_seconds")]
+    if not times or not total or step >= total:
+        return None
+    return sum(times) / len(times) * (total - step)
+
+
+def status(run: Path) -> dict:
+    """What the page says about a run: status.json where present, completed from the other files."""
+    run = Path(run)
+    st = read_json(run / "status.json") or {}
+    metrics = read_metrics(run)
+    last = metrics[-1] if metrics else {}
+    pid = running_pid(run)
+    state = st.get("state")
+    if pid and state not in LIVE_STATES:
+        state = "training" if metrics else "starting"
+    elif not pid and state in LIVE_STATES:
+        state = "died"  # killed without a chance to say so (kill -9, out of memory)
+    elif state is None:
+        state = "finished" if (run / "summary.json").exists() else ("stopped" if metrics else "new")
+    step = max(int(st.get("step") or 0), int(last.get("step") or 0))
+    total = st.get("total_steps") or saved_config(run).get("steps")
+    return {
+        "state": state, "pid": pid, "step": step, "total_steps": total,
+        "stage": st.get("stage", last.get("stage")), "stage_index": st.get("stage_index", last.get("stage_index")),
+        "num_stages": st.get("num_stages"), "stage_step": last.get("stage_step"),
+        "stage_steps": last.get("stage_steps"), "eta": eta_seconds(metrics, step, total) if pid else None,
+        "rollout_tok_s": last.get("rollout_tok_s"), "train_tok_s": last.get("train_tok_s"),
+        "peak_rss_mb": last.get("peak_rss_mb"),
+    }
+
+
+def console_tail(run: Path, lines: int = 40) -> str:
+    path = Path(run) / "console.log"
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 64_000))
+        text = f.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# starting and stopping
+
+
+def config_fields() -> list[str]:
+    """Names of the TrainConfig fields (every one is a --field-name flag of `cpu-grpo train`)."""
+    from dataclasses import fields
+
+    from ..config import TrainConfig
+
+    return [f.name for f in fields(TrainConfig)]
+
+
+def flag_text(value) -> str:
+    """A knob's value as the command line takes it ('' for unset)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def build_command(output_dir: Path | str, model: str = "", profile: str = "", config_file: str = "",
+                  knobs: dict | None = None, resume: bool = False, python: str = sys.executable) -> list[str]:
+    """The `cpu-grpo train` command line of a run; knobs left empty keep the profile's or file's value."""
+    cmd = [python, "-m", "cpu_grpo.cli", "train"]
+    if profile:
+        cmd += ["--profile", profile]
+    if config_file:
+        cmd += ["--config", config_file]
+    cmd += ["--output-dir", str(output_dir)]
+    if model:
+        cmd += ["--model", model.strip()]
+    for name, value in (knobs or {}).items():
+        text = flag_text(value)
+        if text:
+            cmd += [f"--{name.replace('_', '-')}", text]
+    if resume:
+        cmd.append("--resume")
+    return cmd
+
+
+def preview(cmd: list[str]) -> str:
+    """The command as a person types it: `cpu-grpo train ...`."""
+    if cmd[1:3] == ["-m", "cpu_grpo.cli"]:
+        cmd = ["cpu-grpo", *cmd[3:]]
+    return shlex.join(cmd)
+
+
+def parse_extra(text: str) -> dict:
+    """'--train-size 50 --top-k 20' -> {'train_size': '50', 'top_k': '20'}; raises ValueError with the fix."""
+    words = shlex.split(text or "")
+    out = {}
+    for i in range(0, len(words), 2):
+        flag = words[i]
+        if not flag.startswith("--") or i + 1 >= len(words):
+            raise ValueError(f"more fields: expected '--field value' pairs, got {flag!r}.")
+        out[flag[2:].replace("-", "_")] = words[i + 1]
+    return out
+
+
+def check_config(profile: str, config_file: str, overrides: dict) -> str | None:
+    """None if the config builds, else the one-sentence reason (the same check `cpu-grpo train` makes)."""
+    from ..config import ConfigError, build
+
+    values = {k: flag_text(v) for k, v in overrides.items() if flag_text(v)}
+    try:
+        build(profile or None, config_file or None, values)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def check_start(run: Path, resume: bool) -> str | None:
+    """None if a run may start in `run`, else why not (one run at a time per directory, never overwrite)."""
+    run = Path(run)
+    pid = running_pid(run)
+    if pid:
+        return (f"{run.name} is busy: a training process (pid {pid}) is running there. Stop it first, or "
+                "choose another run name.")
+    has_run = (run / "metrics.jsonl").exists()
+    if has_run and not resume:
+        return f"{run.name} already holds a run: tick 'resume' to continue it, or choose another run name."
+    if resume and not checkpoints(run):
+        return f"{run.name} has no complete checkpoint to resume from: untick 'resume' or pick another run."
+    return None
+
+
+def child_env() -> dict:
+    """The environment of a process the page starts: ours (HF_HUB_OFFLINE, CPU_GRPO_CACHE...), unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def start(cmd: list[str], run: Path, resume: bool = False, env: dict | None = None) -> tuple[int | None, str]:
+    """Launch a training process in its own session, output appended to run/console.log.
+
+    Returns (pid, message); pid is None when the start was refused.
+    """
+    run = Path(run)
+    with _start_lock:
+        refusal = check_start(run, resume)
+        if refusal:
+            return None, refusal
+        run.mkdir(parents=True, exist_ok=True)
+        with open(run / "console.log", "a") as log:
+            log.write(f"\n$ {preview(cmd)}   # {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env={**child_env(), **(env or {})})
+        _children[str(run.resolve())] = proc
+    return proc.pid, f"Started {run.name} (pid {proc.pid}): follow it in the Watch tab."
+
+
+def stop(run: Path) -> str:
+    """Ask the run's training process to stop: it finishes the step, saves a complete checkpoint, exits."""
+    run = Path(run)
+    pid = running_pid(run)
+    if not pid:
+        return f"No training process is running in {run.name}: nothing to stop."
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return f"The training process of {run.name} has just ended: nothing to stop."
+    return (f"Stop sent to {run.name} (pid {pid}): it finishes the step at hand, saves a complete checkpoint "
+            "and exits.")
+
+
+def eval_command(model: str, task: str, n: int, max_new_tokens: int, output: Path,
+                 python: str = sys.executable) -> list[str]:
+    return [python, "-m", "cpu_grpo.cli", "eval", "--model", model, "--task", task, "--n", str(int(n)),
+            "--max-new-tokens", str(int(max_new_tokens)), "--output", str(output)]
+
+
+def eval_output(run: Path, model: str, task: str, n: int) -> Path:
+    """Where an evaluation launched from the page writes its records: run/evals/<model>-<task>-n<N>.jsonl."""
+    slug = "-".join(part for part in (Path(model).name, Path(task).stem, f"n{int(n)}") if part)
+    return Path(run) / "evals" / f"{slug.replace(':', '_')}.jsonl"

@@ -1,0 +1,184 @@
+"""The web app's run handling on hand-made run directories: no gradio, no browser, no training."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cpu_grpo.app import runs, views
+
+APP = Path(__file__).resolve().parents[1] / "src" / "cpu_grpo" / "app"
+
+
+def write_metrics(run: Path, times: list[float], tail: str = "") -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": i + 1, "reward": 0.1 * i, "kl": math.nan, "step_seconds": t,
+                         "rollout_tok_s": 100.0, "peak_rss_mb": 512.0})
+             for i, t in enumerate(times)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n" + tail)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_half_written_last_line_is_skipped(tmp_path):
+    run = tmp_path / "r"
+    write_metrics(run, [2.0, 4.0], tail='{"step": 3, "rew')
+    metrics = runs.read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert runs.series(metrics, "kl") == []  # NaN (beta = 0) is left out, not plotted
+    assert runs.series(metrics, "reward") == [(1, 0.0), (2, 0.1)]
+    (run / "groups.jsonl").write_text(json.dumps({"step": 1, "group": 0}) + '\n{"step": 2, "gr')
+    assert runs.group_steps(run) == [1] and len(runs.groups_at(run, 1)) == 1
+    (run / "status.json").write_text('{"state": "trai')  # half-written: ignored, derived from the files
+    assert runs.status(run)["state"] == "stopped" and runs.status(run)["step"] == 2
+
+
+def test_eta_is_mean_step_time_times_steps_left():
+    metrics = [{"step": i + 1, "step_seconds": t} for i, t in enumerate([100.0] + [2.0] * 10)]
+    assert runs.eta_seconds(metrics, step=11, total=15) == pytest.approx(4 * 2.0)  # last 10 steps only
+    assert runs.eta_seconds(metrics, step=15, total=15) is None
+    assert runs.eta_seconds([], step=0, total=15) is None
+    assert views.duration(3723) == "1:02:03" and views.duration(65) == "1:05" and views.duration(None) == "-"
+
+
+def test_stale_lock_is_not_held(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "run.lock").write_text(json.dumps({"pid": dead_pid(), "started": time.time()}))
+    (run / "status.json").write_text(json.dumps({"state": "training", "step": 3, "total_steps": 8,
+                                                 "pid": dead_pid()}))
+    assert runs.running_pid(run) is None
+    assert runs.check_start(run, resume=False) is None
+    st = runs.status(run)
+    assert st["state"] == "died" and st["step"] == 3 and st["total_steps"] == 8 and st["eta"] is None
+
+
+def test_busy_directory_is_refused(tmp_path, sleeper):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "run.lock").write_text(json.dumps({"pid": sleeper.pid, "started": time.time()}))
+    assert runs.running_pid(run) == sleeper.pid
+    assert "is busy" in runs.check_start(run, resume=True)
+    assert runs.attach(tmp_path) == run
+    assert runs.status(run)["state"] == "starting"
+
+
+def test_existing_run_needs_resume_and_a_checkpoint(tmp_path):
+    run = tmp_path / "r"
+    write_metrics(run, [1.0])
+    assert "tick 'resume'" in runs.check_start(run, resume=False)
+    assert "no complete checkpoint" in runs.check_start(run, resume=True)
+    (run / "checkpoints" / ".step-000002.tmp").mkdir(parents=True)  # half-saved: does not count
+    (run / "checkpoints" / "step-000001").mkdir()
+    assert "no complete checkpoint" in runs.check_start(run, resume=True)
+    (run / "checkpoints" / "step-000001" / "trainer_state.pt").write_bytes(b"x")
+    assert runs.check_start(run, resume=True) is None
+    assert runs.checkpoints(run) == [run / "checkpoints" / "step-000001"]
+
+
+def test_start_refuses_a_second_start_and_stop_sends_sigterm(tmp_path):
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    pid, message = runs.start(cmd, run)
+    assert pid and "Started r" in message
+    again, refusal = runs.start(cmd, run)  # its lock is not written yet: the app knows its own child
+    assert again is None and "is busy" in refusal
+    assert "Stop sent" in runs.stop(run)
+    deadline = time.time() + 10
+    while runs.running_pid(run) and time.time() < deadline:
+        time.sleep(0.05)
+    assert runs.running_pid(run) is None and not runs.pid_alive(pid)  # reaped, not a zombie
+    assert "nothing to stop" in runs.stop(run)
+    assert "import time" in (run / "console.log").read_text()
+
+
+def test_preview_command_and_config_check():
+    knobs = {"steps": "6", "learning_rate": 0.001, "use_lora": True, "task": "", "seed": None,
+             "rewards": "my rewards.py:length_reward"}
+    cmd = runs.build_command("runs/x", "smollm2-135m", "quick", "", knobs, resume=True, python="py")
+    assert cmd[:4] == ["py", "-m", "cpu_grpo.cli", "train"]
+    assert runs.preview(cmd) == ("cpu-grpo train --profile quick --output-dir runs/x --model smollm2-135m --steps 6 "
+                                 "--learning-rate 0.001 --use-lora true --rewards 'my rewards.py:length_reward' "
+                                 "--resume")
+    assert runs.check_config("quick", "", {"steps": "6", "num_generations": "4"}) is None
+    assert "cannot read 'many' as int" in runs.check_config("quick", "", {"steps": "many"})
+    assert "num_generations must be >= 2" in runs.check_config("", "", {"num_generations": 1})
+    assert runs.parse_extra("--train-size 50 --top-k '20'") == {"train_size": "50", "top_k": "20"}
+    with pytest.raises(ValueError, match="--field value"):
+        runs.parse_extra("--train-size")
+    assert set(runs.config_fields()) >= {"steps", "rewards", "model", "output_dir"}
+
+
+def test_list_runs_newest_first(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    write_metrics(old, [1.0])
+    time.sleep(0.02)
+    write_metrics(new, [1.0])
+    (tmp_path / "not-a-run").mkdir()
+    assert runs.list_runs(tmp_path) == [new, old]
+    assert runs.attach(tmp_path) is None
+    assert runs.list_runs(tmp_path / "missing") == []
+
+
+def test_group_view_escapes_and_explains_zero_variance():
+    group = {"step": 3, "group": 1, "question": "What is <b>2+2</b>?", "answer": "4", "difficulty": "basic",
+             "completions": ["<script>x</script> #### 4", "#### 4"], "rewards": {"correctness": [1.0, 1.0]},
+             "total": [1.0, 1.0], "advantages": [0.0, 0.0], "zero_std": True}
+    page = views.groups_html([group, {**group, "group": 2, "zero_std": False, "advantages": [0.7, -0.7]}], 3)
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;2+2" in page
+    assert page.count(views.ZERO_STD.format(g=2)) == 1
+    assert "All 2 rewards are equal, so every advantage is 0" in page
+    assert "1 with zero reward variance (50%)" in page and "+0.700" in page and "-0.700" in page
+
+
+def test_forgetting_and_status_text():
+    data = {"levels": ["basic", "advanced"],
+            "rows": [{"after": "base", "cells": {"basic": {"accuracy": 0.2, "ci95": [0.1, 0.3], "n": 50}}}]}
+    table = views.forgetting_markdown(data)
+    assert table.splitlines()[0] == "| after | basic | advanced |"
+    assert "| base | 20.0% (10.0-30.0) | - |" in table
+    st = {"state": "training", "step": 4, "total_steps": 8, "stage": "basic", "stage_index": 0, "num_stages": 3,
+          "stage_step": 4, "stage_steps": 5, "eta": 125.0, "rollout_tok_s": 210.4, "train_tok_s": None,
+          "peak_rss_mb": 700.2, "pid": 12}
+    line = views.status_line("demo", st)
+    assert "step 4/8" in line and "stage 1/3 `basic` (step 4/5)" in line and "ETA 2:05" in line
+    assert "210 tok/s" in line and "peak RSS 700 MB" in line
+    assert "4/5" in views.progress_html(st)
+
+
+def test_app_modules_are_small():
+    for path in APP.glob("*.py"):
+        source = path.read_text()
+        assert len(source.splitlines()) <= 400, path.name
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno - node.lineno + 1 <= 60, f"{path.name}:{node.name}"
+
+
+def test_app_help_imports_neither_gradio_nor_torch():
+    code = ("import sys; from cpu_grpo.cli import main\n"
+            "for argv in (['--help'], ['app', '--help']):\n"
+            "    try: main(argv)\n    except SystemExit: pass\n"
+            "assert 'gradio' not in sys.modules and 'torch' not in sys.modules, 'heavy import for --help'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--runs-dir" in done.stdout and "127.0.0.1" in done.stdout
