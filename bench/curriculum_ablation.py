@@ -5,8 +5,10 @@
 
 Each run is `cpu-grpo train --profile default` (basic, intermediate, advanced: 10 steps each, 100 held-out
 problems per level) with one change. The base model's evaluation is the same in all three (same model,
-same problems, greedy), so it is computed once and copied. Extra arguments go to every `cpu-grpo train`
-(e.g. `--threads 1`, or `--ewc-lambda 10` to try another lambda for the EWC run).
+same problems, greedy), so it is computed once and copied. Until the end of stage 1 the runs with and
+without EWC are the same computation (no Fisher exists yet; same seed, data and samples), so `noewc`
+branches from `ewc`'s stage-1 checkpoint (`--resume`), as the committed results did. Extra arguments go to
+every `cpu-grpo train` (e.g. `--threads 1`, or `--ewc-lambda 10` to try another lambda for the EWC run).
 """
 
 from __future__ import annotations
@@ -29,11 +31,25 @@ RUNS = {  # name -> arguments on top of --profile default
 }
 
 
+def branch(src: Path, dst: Path, stage: str) -> None:
+    """Copy run `src` as it was at the end of `stage` (checkpoint, logs, evaluations) into `dst`."""
+    ckpt = next(c for c in sorted((src / "checkpoints").glob("step-*"))
+                if (c / "STAGE_END").exists() and (c / "STAGE_END").read_text().strip() == stage)
+    step = int(ckpt.name.split("-")[1])
+    shutil.copytree(ckpt, dst / "checkpoints" / ckpt.name)
+    for name in ("metrics.jsonl", "groups.jsonl", "stages.jsonl"):
+        kept = [r for r in read_jsonl(src / name) if r.get("step", r.get("end_step", 0)) <= step]
+        (dst / name).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    shutil.copytree(src / "evals", dst / "evals", ignore=lambda d, names: [n for n in names if stage not in n])
+
+
 def train_all(out: Path, extra: list[str]) -> None:
     for name, args in RUNS.items():
         run = out / name
         if (run / "summary.json").exists():
             continue
+        if name == "noewc" and not run.exists():
+            branch(out / "ewc", run, "basic")
         base = out / "ewc" / "eval_before.jsonl"
         if name != "ewc" and base.exists() and not (run / "eval_before.jsonl").exists():
             run.mkdir(parents=True, exist_ok=True)
