@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # add the CPU wheel index, e.g. make TORCH_INDEX="--extra-index-url https://download.pytorch.org/whl/cpu"
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+# The web app's browser tests drive Debian's chromium (Playwright's own browser download does not work here).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install demo test lint clean-venv
 
@@ -22,6 +25,7 @@ demo: install
 	$(BIN)/cpu-grpo demo
 
 test: install
+	test -x $(CHROMIUM) || $(SUDO) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check src tests bench
 

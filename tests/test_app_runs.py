@@ -182,3 +182,12 @@ def test_app_help_imports_neither_gradio_nor_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--runs-dir" in done.stdout and "127.0.0.1" in done.stdout
+
+
+def test_eval_table_keeps_headings_and_tables():
+    output = ("Loading weights: 100%\n  eval 4/4: accuracy so far 0.250 (0s)\naccuracy (95% CI):\n\n"
+              "| level | n | auto |\n|---|---|---|\n| basic | 4 | 25.0% (4.6-69.9) |\n\nthe work (95% CI):\n\n"
+              "| level | n | calc steps |\n|---|---|---|\n| basic | 4 | 0.50 |\n")
+    table = views.eval_table(output)
+    assert table.startswith("accuracy (95% CI):\n\n| level | n | auto |") and "the work (95% CI):" in table
+    assert "Loading" not in table and views.eval_table("no table here") == ""

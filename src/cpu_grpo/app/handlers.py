@@ -12,7 +12,7 @@ from . import chat, runs, views
 PLOTS = [  # (elem_id, title, metrics; a trailing '/' takes every metric with that prefix)
     ("plot-reward", "reward (total and per function)", ["reward", "reward/"]),
     ("plot-accuracy", "sampled accuracy", ["accuracy"]),
-    ("plot-kl", "KL to the reference (empty when beta = 0)", ["kl"]),
+    ("plot-kl", "KL to the reference (beta > 0) and clipped-token fraction", ["kl", "clip_frac"]),
     ("plot-length", "completion length (tokens)", ["completion_len"]),
     ("plot-toks", "tokens/s", ["rollout_tok_s", "train_tok_s"]),
     ("plot-memory", "peak RSS (MB)", ["peak_rss_mb"]),
@@ -78,26 +78,29 @@ def tick(root: Path, name: str | None, seen: dict | None):
     key = (name, len(metrics), metrics[-1]["step"] if metrics else None)
     plots = [frame(metrics, keys) for _, _, keys in PLOTS] if key != seen.get("plots") else [gr.skip()] * len(PLOTS)
     seen["plots"] = key
-    return (runs_update, views.status_line(name, st), views.progress_html(st), *plots, runs.console_tail(run), seen)
+    return (runs_update, views.status_line(name, st), views.progress_html(st), *plots, runs.console_tail(run, 12),
+            seen)
 
 
-def pickers(root: Path, name: str | None, eval_model=None, try_a=None, try_b=None, other=None):
-    """Model pickers (checkpoints of the run, its base model), the other-run list and the run's summary;
-    values already chosen stay."""
+def pickers(root: Path, name: str | None, eval_model=None, try_a=None, try_b=None, other=None, seen=None):
+    """Model pickers (the run's checkpoints, newest first, and its base model), the other-run list, the run's
+    summary. Chosen values stay until the run has new checkpoints; `seen` is the list the values were for."""
     import gradio as gr
 
     run = run_path(root, name)
     if run is None:
-        return [gr.update()] * 4 + ["No run selected."]
+        return [gr.update()] * 4 + ["No run selected.", seen]
     base = runs.base_model(run)
     ckpts = [str(p) for p in runs.checkpoints(run)]
+    if ckpts != seen:  # a new run or new checkpoints: back to the newest one
+        eval_model = try_a = try_b = None
     models = [m for m in [*ckpts, base] if m]
     others = [n for n in run_names(root) if n != name]
     return (gr.update(choices=models, value=eval_model or (models[0] if models else None)),
             gr.update(choices=models, value=try_a or base or None),
             gr.update(choices=models, value=try_b or (ckpts[0] if ckpts else None)),
             gr.update(choices=others, value=other if other in others else (others[0] if others else None)),
-            views.summary_markdown(run))
+            views.summary_markdown(run), ckpts)
 
 
 def on_run_change(root: Path, name: str | None):
@@ -201,10 +204,14 @@ def evaluate(root: Path, name: str | None, model: str, task: str, n, max_new_tok
                                 start_new_session=True, env=runs.child_env())
     while proc.poll() is None:
         time.sleep(1.0)
-        yield log_path.read_text(errors="replace")[-8000:], ""
+        yield _tail(log_path.read_text(errors="replace")), ""
     text = log_path.read_text(errors="replace")
     result = f"exit code {proc.returncode}" if proc.returncode else f"records: `{out}`"
-    yield text[-8000:], views.eval_table(text) + f"\n{result}"
+    yield _tail(text), views.eval_table(text) + f"\n{result}"
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def compare(root: Path, name: str | None, other: str | None):

@@ -79,14 +79,14 @@ def _watch_tab(gr, root: Path, run) -> list:
         plots = []
         for i in range(0, len(handlers.PLOTS), 2):
             with gr.Row():
-                for elem_id, title, _ in handlers.PLOTS[i:i + 2]:
-                    plots.append(gr.LinePlot(x="step", y="value", color="metric", title=title, label=title,
-                                             elem_id=elem_id, height=240))
+                for elem_id, title, keys in handlers.PLOTS[i:i + 2]:
+                    several = len(keys) > 1 or keys[0].endswith("/")  # (a set height would clip the legend)
+                    plots.append(gr.LinePlot(x="step", y="value", color="metric" if several else None, label=title,
+                                             elem_id=elem_id, y_title=None if several else keys[0]))
         with gr.Row():
             stop = gr.Button("Stop (saves a checkpoint)", variant="stop", elem_id="watch-stop", scale=0)
             stopped = gr.Markdown(elem_id="watch-message")
-        console = gr.Textbox(label="console (last lines)", lines=10, max_lines=10, elem_id="watch-console",
-                             autoscroll=True)
+        console = gr.Textbox(label="console (last lines)", lines=12, max_lines=12, elem_id="watch-console")
     stop.click(partial(handlers.stop, root), [run], [stopped])
     return [status, progress, *plots, console]
 
@@ -117,7 +117,7 @@ def _eval_tab(gr, root: Path, run):
             max_new = gr.Number(label="max new tokens", value=256, precision=0, elem_id="eval-max-new-tokens")
             go = gr.Button("Evaluate", variant="primary", elem_id="eval-run", scale=0)
         table = gr.Markdown(elem_id="eval-table")
-        log = gr.Textbox(label="output", lines=6, max_lines=6, elem_id="eval-log", autoscroll=True)
+        log = gr.Textbox(label="output (last lines)", lines=8, max_lines=8, elem_id="eval-log")
         gr.Markdown("#### Compare with another run")
         with gr.Row():
             other = gr.Dropdown(label="other run", choices=[], elem_id="compare-run", scale=3)
@@ -168,15 +168,16 @@ def build_app(root: Path | str):
             step, groups_body = _groups_tab(gr, root, run)
             eval_tab, eval_model, summary, other = _eval_tab(gr, root, run)
             try_tab, try_a, try_b = _try_tab(gr)
-        seen = gr.State({})
+        seen, picked = gr.State({}), gr.State(None)
         gr.Timer(TICK_SECONDS).tick(partial(handlers.tick, root), [run, seen], [run, *watch_outputs, seen],
                                     show_progress="hidden")
         demo.load(partial(handlers.on_load, root), None, [run])
         refresh.click(partial(handlers.refresh_runs, root), [run], [run])
         pickers = [eval_model, try_a, try_b, other]
-        run.change(partial(handlers.on_run_change, root), [run], [*pickers, summary, step, groups_body])
+        run.change(partial(handlers.on_run_change, root), [run], [*pickers, summary, picked, step, groups_body])
         for tab in (eval_tab, try_tab):  # new checkpoints and runs since the run was chosen; typed values stay
-            tab.select(partial(handlers.pickers, root), [run, *pickers], [*pickers, summary], show_progress="hidden")
+            tab.select(partial(handlers.pickers, root), [run, *pickers, picked], [*pickers, summary, picked],
+                       show_progress="hidden")
     return demo
 
 

@@ -165,10 +165,19 @@ def compare_markdown(run_a: Path, run_b: Path) -> str:
         from ..compare import compare_runs
     except ImportError:
         return "_The two runs' summaries, side by side:_"
-    return compare_runs(Path(run_a), Path(run_b))
+    try:
+        return compare_runs(Path(run_a), Path(run_b))
+    except (ValueError, OSError) as e:  # e.g. a run with no metrics yet
+        return f"Cannot compare these two runs: {e}"
 
 
 def eval_table(output: str) -> str:
-    """The markdown table lines at the end of `cpu-grpo eval`'s output."""
-    lines = [ln for ln in output.splitlines() if ln.startswith("|")]
-    return "\n".join(lines) + "\n" if lines else ""
+    """The end of `cpu-grpo eval`'s output, from the heading of its first markdown table on."""
+    lines = output.splitlines()
+    first = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+    if first is None:
+        return ""
+    heading = next((i for i in range(first - 1, max(-1, first - 3), -1) if lines[i].strip()), None)
+    if heading is not None and lines[heading].strip().endswith(":"):  # e.g. "accuracy (95% CI):"
+        first = heading
+    return "\n".join(lines[first:]).strip() + "\n"
