@@ -103,9 +103,9 @@ def start_run(page) -> None:
     """Fill the Train tab with tiny settings, preview the command, start; a second Start is refused."""
     fill(page, "train-model", "tiny-llama")
     fill(page, "train-run-name", "web")
-    knobs = {"steps": 500, "prompts-per-step": 2, "num-generations": 4, "max-new-tokens": 12, "eval-size": 4,
-             "eval-max-new-tokens": 8, "save-every": 5, "learning-rate": 1e-3, "rewards": "my_rewards.py:length_reward",
-             "reward-weights": 1}
+    knobs = {"steps": 5000, "prompts-per-step": 2, "num-generations": 4, "max-new-tokens": 12, "eval-size": 4,
+             "eval-max-new-tokens": 8, "save-every": 20, "learning-rate": 1e-3,
+             "rewards": "my_rewards.py:length_reward", "reward-weights": 1}  # steps: still running when stopped
     for name, value in knobs.items():
         fill(page, f"knob-{name}", value)
     fill(page, "train-extra", "--train-size 50 --threads 1")

@@ -186,7 +186,7 @@ def _credentials(auth: str | None) -> tuple[str, str] | None:
         return None
     user, sep, password = auth.partition(":")
     if not sep or not user or not password:
-        raise ValueError("--auth takes USER:PASSWORD, e.g. --auth alice:s3cret")
+        raise SystemExit("cpu-grpo: --auth takes USER:PASSWORD, e.g. --auth alice:s3cret")
     return user, password
 
 
@@ -200,5 +200,8 @@ def launch(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7
               "and stop runs.", file=sys.stderr)
     demo = build_app(runs_dir)
     demo.queue(default_concurrency_limit=4)
-    return demo.launch(server_name=host, server_port=port, auth=credentials, share=share, show_error=True,
-                       prevent_thread_lock=not block, inbrowser=False)
+    try:
+        return demo.launch(server_name=host, server_port=port, auth=credentials, share=share, show_error=True,
+                           prevent_thread_lock=not block, inbrowser=False)
+    except OSError as e:
+        raise SystemExit(f"cpu-grpo: cannot serve on {host}:{port} ({e}): pass another --port.") from None
