@@ -166,3 +166,25 @@ def test_ewc_with_lora_covers_only_the_adapters(tiny_model, tmp_path, reward_fil
     ewc = curriculum.EWC.load(out / "checkpoints" / "step-000002" / curriculum.EWC_FILE)
     assert ewc.fisher and all("lora_" in k for k in ewc.fisher)
     assert read_jsonl(out / "metrics.jsonl")[-1]["ewc_penalty"] > 0
+
+
+def test_stop_during_the_base_evaluation_keeps_it(tiny_model, tmp_path, reward_file, monkeypatch):
+    import os
+    import signal
+
+    from cpu_grpo import evaluate
+
+    real = evaluate.run_eval
+
+    def stopped_eval(*args, **kwargs):  # the web app's Stop (SIGTERM) arrives while the base model is evaluated
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(evaluate, "run_eval", stopped_eval)
+    train(tiny_cfg(tiny_model, out, reward_file), log=lambda *a: None)
+    assert (out / "eval_before.jsonl").exists() and not (out / "metrics.jsonl").exists()
+    assert json.loads((out / "status.json").read_text())["state"] == "stopped"
+    monkeypatch.setattr(evaluate, "run_eval", real)
+    train(tiny_cfg(tiny_model, out, reward_file), log=lambda *a: None)  # the same command again
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]

@@ -172,17 +172,16 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     model, tok, sampler, pad, g = r.model, r.tok, r.sampler, r.tok.pad_token_id, cfg.num_generations
     status = dict(total_steps=cfg.total_steps, num_stages=len(stages))
 
-    # ---------------------------------------------------------------- evaluate the base model
-    if eval_set and not (run_dir / "eval_before.jsonl").exists():
-        write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1, **status)
-        log(f"evaluating the base model on {len(eval_set)} held-out problems ...")
-        evaluate.run_eval(sampler, tok, eval_set, cfg, run_dir / "eval_before.jsonl", r.stops, log)
-        curriculum.write_forgetting(run_dir, cfg)
-
-    stop = StopFlag(log=log)
+    stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tracker = Tracker(run_dir, log, cfg.total_steps)
     try:
+        # ---------------------------------------------------------------- evaluate the base model
+        if eval_set and not (run_dir / "eval_before.jsonl").exists():
+            write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1, **status)
+            log(f"evaluating the base model on {len(eval_set)} held-out problems ...")
+            evaluate.run_eval(sampler, tok, eval_set, cfg, run_dir / "eval_before.jsonl", r.stops, log)
+            curriculum.write_forgetting(run_dir, cfg)
         for k, stage in enumerate(stages):
             if k < r.stage_index:
                 continue
@@ -297,8 +296,11 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
         save_checkpoint(r)
     if stop.requested:
         write_status(run_dir, state="stopped", step=r.step)
-        log(f"stopped at step {r.step}: complete checkpoint in {checkpoint.latest(run_dir)}; "
-            "continue with the same command and --resume")
+        if r.step:
+            log(f"stopped at step {r.step}: complete checkpoint in {checkpoint.latest(run_dir)}; "
+                "continue with the same command and --resume")
+        else:
+            log("stopped before the first step: run the same command again (the base evaluation is kept)")
         return run_dir
     # ---------------------------------------------------------------- report
     if eval_set:
