@@ -1,14 +1,19 @@
 """Issue 4's ablation: curriculum with EWC, curriculum without EWC, the final stage only; same seed and budget.
 
-    python bench/curriculum_ablation.py --out runs/ablation            # train the three runs, then the tables
+    python bench/curriculum_ablation.py --out runs/ablation            # train the runs, then the tables
     python bench/curriculum_ablation.py --out runs/ablation --tables   # tables only, from finished runs
+    python bench/curriculum_ablation.py --out runs/after-demo --from runs/demo-final/checkpoints/step-000030
 
-Each run is `cpu-grpo train --profile default` (basic, intermediate, advanced: 10 steps each, 100 held-out
-problems per level) with one change. The base model's evaluation is the same in all three (same model,
-same problems, greedy), so it is computed once and copied. Until the end of stage 1 the runs with and
-without EWC are the same computation (no Fisher exists yet; same seed, data and samples), so `noewc`
-branches from `ewc`'s stage-1 checkpoint (`--resume`), as the committed results did. Extra arguments go to
-every `cpu-grpo train` (e.g. `--threads 1`, or `--ewc-lambda 10` to try another lambda for the EWC run).
+Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed 0 (the defaults otherwise).
+- ewc:   basic:10, intermediate:10, advanced:10, EWC lambda 1
+- noewc: the same, lambda 0
+- final: advanced:30
+With --from CKPT (a 30-step basic run such as the demo's), stage 1 is that checkpoint: the runs are
+basic:30 (taken from CKPT), intermediate:10, with and without EWC.
+The base model's evaluation is the same in all runs (same model, same problems, greedy), so it is computed
+once and copied. Until the end of stage 1 the runs with and without EWC are the same computation (no
+Fisher exists yet; same seed, data and samples), so `noewc` branches from `ewc`'s stage-1 checkpoint
+(`--resume`), as the committed results did. Extra arguments go to every `cpu-grpo train` (e.g. `--threads 1`).
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ from cpu_grpo import stats
 from cpu_grpo.report import forgetting_table
 from cpu_grpo.tracking import read_jsonl
 
+CURRICULUM = ["--stages", "basic:10,intermediate:10,advanced:10", "--steps", "30", "--ewc-lambda", "1"]
 RUNS = {  # name -> arguments on top of --profile default
-    "ewc": [],
-    "noewc": ["--ewc-lambda", "0"],
-    "final": ["--stages", "advanced:30", "--eval-task", "basic,intermediate"],
+    "ewc": CURRICULUM,
+    "noewc": [*CURRICULUM, "--ewc-lambda", "0"],
+    "final": ["--stages", "advanced:30", "--steps", "30", "--eval-task", "basic,intermediate"],
+}
+FROM_CKPT = {  # with --from: stage 1 is the given 30-step basic checkpoint
+    "ewc": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "1"],
+    "noewc": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "0"],
 }
 
 
@@ -43,18 +53,34 @@ def branch(src: Path, dst: Path, stage: str) -> None:
     shutil.copytree(src / "evals", dst / "evals", ignore=lambda d, names: [n for n in names if stage not in n])
 
 
-def train_all(out: Path, extra: list[str]) -> None:
-    for name, args in RUNS.items():
+def seed_from(ckpt: Path, run: Path) -> None:
+    """Start `run` at the end of stage 1 from a finished basic-only run's checkpoint (and its step log), with
+    the base model's evaluation on the run's held-out problems (else the run would evaluate the checkpoint)."""
+    shutil.copytree(ckpt, run / "checkpoints" / ckpt.name)
+    shutil.copyfile(ckpt.parents[1] / "metrics.jsonl", run / "metrics.jsonl")
+    parts = []
+    for level in ("basic", "intermediate"):  # seed 1 = a run's seed 0 + 1: the same 100 problems
+        out = run / f".base-{level}.jsonl"
+        subprocess.run([sys.executable, "-m", "cpu_grpo.cli", "eval", "--task", level, "--n", "100", "--seed", "1",
+                        "--output", str(out)], check=True)
+        parts.append(out.read_text())
+    (run / "eval_before.jsonl").write_text("".join(parts))
+
+
+def train_all(out: Path, extra: list[str], ckpt: Path | None = None) -> None:
+    for name, args in (FROM_CKPT if ckpt else RUNS).items():
         run = out / name
         if (run / "summary.json").exists():
             continue
+        if name == "ewc" and ckpt and not run.exists():
+            seed_from(ckpt, run)
         if name == "noewc" and not run.exists():
             branch(out / "ewc", run, "basic")
         base = out / "ewc" / "eval_before.jsonl"
         if name != "ewc" and base.exists() and not (run / "eval_before.jsonl").exists():
             run.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(base, run / "eval_before.jsonl")
-        resume = ["--resume"] if (run / "checkpoints").is_dir() else []
+        resume = ["--resume"] if (run / "checkpoints").is_dir() else []  # one arguments list: last value wins
         cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", "default", "--output-dir", str(run),
                *args, *extra, *resume]
         print("$", " ".join(cmd), flush=True)
@@ -65,19 +91,20 @@ def final_row(run: Path) -> dict:
     return {r["id"]: r for r in read_jsonl(run / "eval_after.jsonl")}
 
 
-def tables(out: Path) -> str:
+def tables(out: Path, names: list[str]) -> str:
     lines = ["# Curriculum ablation", ""]
-    for name in RUNS:
+    for name in names:
         run = out / name
         data = json.loads((run / "forgetting.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
-        lines += [f"## `{name}`: {' '.join(RUNS[name]) or '(the default profile)'}", "",
+        args = json.loads((run / "summary.json").read_text()).get("stages") or []
+        lines += [f"## `{name}`: {', '.join(args)}, EWC lambda {summary.get('ewc_lambda', 0):g}", "",
                   f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall.", "",
                   forgetting_table(data, run), ""]
     lines += ["## After training, run against run (paired, same problems)", ""]
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
-    finals = {name: final_row(out / name) for name in RUNS}
-    for a, b in (("noewc", "ewc"), ("final", "ewc"), ("final", "noewc")):
+    finals = {name: final_row(out / name) for name in names}
+    for a, b in [(a, b) for a, b in (("noewc", "ewc"), ("final", "ewc"), ("final", "noewc")) if {a, b} <= set(names)]:
         ids = sorted(set(finals[a]) & set(finals[b]))
         for level in dict.fromkeys(finals[a][i]["difficulty"] for i in ids):
             sel = [i for i in ids if finals[a][i]["difficulty"] == level]
@@ -94,10 +121,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--tables", action="store_true", help="only build the tables from finished runs")
+    p.add_argument("--from", dest="ckpt", type=Path, default=None, help="a 30-step basic checkpoint as stage 1")
     args, extra = p.parse_known_args()
     if not args.tables:
-        train_all(args.out, extra)
-    text = tables(args.out)
+        train_all(args.out, extra, args.ckpt)
+    names = [n for n in RUNS if (args.out / n / "summary.json").exists()]
+    text = tables(args.out, names)
     (args.out / "ABLATION.md").write_text(text)
     print(text)
 

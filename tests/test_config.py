@@ -114,13 +114,13 @@ def test_build_without_anything_is_the_defaults():
 def test_default_profile_is_the_three_stage_curriculum():
     cfg = build(profile="default")
     assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
-        ("basic", "basic", 10), ("intermediate", "intermediate", 10), ("advanced", "advanced", 10)]
-    assert cfg.total_steps == 30 and cfg.ewc_lambda > 0
+        ("basic", "basic", 30), ("intermediate", "intermediate", 10), ("advanced", "advanced", 10)]
+    assert cfg.total_steps == 50 and cfg.ewc_lambda > 0
 
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
-    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 30)]
+    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 50)]
     assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
 
 
