@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cpu_grpo import stats
+from cpu_grpo import config, stats
 from cpu_grpo.report import forgetting_table
 from cpu_grpo.tracking import read_jsonl
 
@@ -97,9 +97,12 @@ def tables(out: Path, names: list[str]) -> str:
         run = out / name
         data = json.loads((run / "forgetting.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
-        args = json.loads((run / "summary.json").read_text()).get("stages") or []
-        lines += [f"## `{name}`: {', '.join(args)}, EWC lambda {summary.get('ewc_lambda', 0):g}", "",
-                  f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall.", "",
+        cfg = config.build(None, str(run / "train_config.yaml"))
+        stages = ", ".join(f"{st.task} {st.steps}" for st in config.plan(cfg))
+        ewc = f"EWC lambda {cfg.ewc_lambda:g}" if len(cfg.stages) > 1 else "one stage (no EWC)"
+        lines += [f"## `{name}`: {stages} steps; {ewc}", "",
+                  f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall (one thread, on a "
+                  "machine shared with the other runs).", "",
                   forgetting_table(data, run), ""]
     lines += ["## After training, run against run (paired, same problems)", ""]
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
