@@ -9,7 +9,7 @@ Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed
 - noewc: the same, lambda 0
 - final: advanced:30
 With --from CKPT (a 30-step basic run such as the demo's), stage 1 is that checkpoint: the runs are
-basic:30 (taken from CKPT), intermediate:10, with and without EWC.
+basic:30 (taken from CKPT), intermediate:10, with EWC lambda 1, 10, 100 and without.
 The base model's evaluation is the same in all runs (same model, same problems, greedy), so it is computed
 once and copied. Until the end of stage 1 the runs with and without EWC are the same computation (no
 Fisher exists yet; same seed, data and samples), so `noewc` branches from `ewc`'s stage-1 checkpoint
@@ -38,6 +38,8 @@ RUNS = {  # name -> arguments on top of --profile default
 FROM_CKPT = {  # with --from: stage 1 is the given 30-step basic checkpoint
     "ewc": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "1"],
     "noewc": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "0"],
+    "ewc10": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "10"],  # the lambda sweep
+    "ewc100": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "100"],
 }
 
 
@@ -74,7 +76,7 @@ def train_all(out: Path, extra: list[str], ckpt: Path | None = None) -> None:
             continue
         if name == "ewc" and ckpt and not run.exists():
             seed_from(ckpt, run)
-        if name == "noewc" and not run.exists():
+        if name in ("noewc", "ewc10", "ewc100") and not run.exists():  # the same stage 1 and Fisher as `ewc`
             branch(out / "ewc", run, "basic")
         base = out / "ewc" / "eval_before.jsonl"
         if name != "ewc" and base.exists() and not (run / "eval_before.jsonl").exists():
@@ -107,7 +109,8 @@ def tables(out: Path, names: list[str]) -> str:
     lines += ["## After training, run against run (paired, same problems)", ""]
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
     finals = {name: final_row(out / name) for name in names}
-    for a, b in [(a, b) for a, b in (("noewc", "ewc"), ("final", "ewc"), ("final", "noewc")) if {a, b} <= set(names)]:
+    pairs = [("noewc", "ewc"), ("final", "ewc"), ("final", "noewc"), ("noewc", "ewc10"), ("noewc", "ewc100")]
+    for a, b in [(a, b) for a, b in pairs if {a, b} <= set(names)]:
         ids = sorted(set(finals[a]) & set(finals[b]))
         for level in dict.fromkeys(finals[a][i]["difficulty"] for i in ids):
             sel = [i for i in ids if finals[a][i]["difficulty"] == level]
@@ -128,7 +131,7 @@ def main() -> None:
     args, extra = p.parse_known_args()
     if not args.tables:
         train_all(args.out, extra, args.ckpt)
-    names = [n for n in RUNS if (args.out / n / "summary.json").exists()]
+    names = [n for n in {**RUNS, **FROM_CKPT} if (args.out / n / "summary.json").exists()]
     text = tables(args.out, names)
     (args.out / "ABLATION.md").write_text(text)
     print(text)

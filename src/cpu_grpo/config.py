@@ -191,7 +191,7 @@ PROFILES: dict[str, dict] = {
     "demo": dict(),
     # the curriculum: basic, intermediate, advanced, with EWC against forgetting; every level evaluated
     # before training and after each stage (the forgetting matrix)
-    # (stage 1 gets the 30 steps the demo needs to learn: with 10 it made basic worse, docs/curriculum.md)
+    # (stage 1 gets the 30 steps the demo needs to learn: with 10 it made basic worse; README, issue 4 ablation)
     "default": dict(stages=["basic:30", "intermediate:10", "advanced:10"], steps=50, eval_size=100, ewc_lambda=1.0),
 }
 
