@@ -25,7 +25,7 @@ EWC_FILE = "ewc.safetensors"
 
 
 # ---------------------------------------------------------------------------- data of a stage
-def _load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
+def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
     return tasks.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
 
 
@@ -39,13 +39,13 @@ def held_out(cfg: TrainConfig) -> list[tasks.Example]:
     """The evaluation problems: eval_size from the test split of each set (seed + 1), never trained on."""
     if cfg.eval_size == 0:
         return []
-    return [ex for spec in eval_specs(cfg) for ex in _load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test")]
+    return [ex for spec in eval_specs(cfg) for ex in load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test")]
 
 
 def validation(cfg: TrainConfig, stage: Stage) -> list[tasks.Example]:
     """Problems for promotion checks: the ones right after the held-out set in the same sequence (disjoint)."""
     n = cfg.eval_size + cfg.promote_size
-    return _load(cfg, stage.task, n, cfg.seed + 1, "test")[cfg.eval_size:]
+    return load(cfg, stage.task, n, cfg.seed + 1, "test")[cfg.eval_size:]
 
 
 # ---------------------------------------------------------------------------- Fisher and EWC

@@ -16,15 +16,6 @@ from . import evaltables, metrics, rewards, stats, tasks
 from .tracking import read_jsonl
 
 
-def held_out(cfg) -> list[tasks.Example]:
-    """The evaluation problems of a run: eval_task, or the test split of task (never seen in training)."""
-    if cfg.eval_size == 0:
-        return []
-    spec = cfg.eval_task or cfg.task
-    return tasks.load_task(spec, n=cfg.eval_size, seed=cfg.seed + 1, split="test",
-                           on_error="skip" if cfg.skip_bad_lines else "raise")
-
-
 def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 64) -> list[dict]:
     """Greedy completions for every example; one record per problem, written as JSONL when out_path is given."""
     from .rollout import encode_prompts

@@ -77,16 +77,32 @@ def write_status(run_dir: Path, **fields) -> None:
     os.replace(tmp, path)
 
 
-def lock_holder(run_dir: Path) -> int | None:
-    """The pid of the live process training in run_dir, or None (no lock, or a stale one)."""
+def pid_alive(pid: int | None) -> bool:
+    """True while the process exists and is not a zombie (a killed run leaves a stale lock behind)."""
     import os
 
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def lock_holder(run_dir: Path) -> int | None:
+    """The pid of the live process training in run_dir, or None (no lock, or a stale one)."""
     try:
         pid = int(json.loads((Path(run_dir) / "run.lock").read_text())["pid"])
-        os.kill(pid, 0)
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return pid
+    return pid if pid_alive(pid) else None
 
 
 class RunLock:

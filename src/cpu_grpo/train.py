@@ -75,8 +75,7 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
 def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
     """The stage's training problems and their order; its learning rate."""
     cfg = r.cfg
-    data = tasks.load_task(stage.task, n=cfg.train_size, seed=cfg.seed + k, split="train",
-                           on_error="skip" if cfg.skip_bad_lines else "raise")
+    data = curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train")
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
     lr = stage.learning_rate or cfg.learning_rate
     r.sched.base_lrs = [lr for _ in r.opt.param_groups]

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import tracking
 from ..tracking import read_jsonl
 
 MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
@@ -32,23 +33,11 @@ _start_lock = threading.Lock()  # check-then-launch is one step, also for two ta
 
 
 def pid_alive(pid: int | None) -> bool:
-    """True while the process exists and is not a zombie (a killed run leaves a stale lock behind)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
+    """tracking.pid_alive, reaping the processes this app started (their exit would leave zombies)."""
     for child in _children.values():
         if child.pid == pid:
             return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
+    return tracking.pid_alive(pid)
 
 
 def read_json(path: Path) -> dict | None:
@@ -67,9 +56,9 @@ def running_pid(run: Path) -> int | None:
     this app started there and whose lock is not written yet.
     """
     run = Path(run)
-    lock = read_json(run / "run.lock") or {}
-    if pid_alive(lock.get("pid")):
-        return lock["pid"]
+    holder = tracking.lock_holder(run)
+    if holder is not None:
+        return holder
     status = read_json(run / "status.json") or {}
     if status.get("state") in LIVE_STATES and pid_alive(status.get("pid")):
         return status["pid"]
