@@ -18,7 +18,7 @@ import torch
 
 from cpu_grpo import tasks
 from cpu_grpo.config import TrainConfig
-from cpu_grpo.models import load_model, set_threads
+from cpu_grpo.models import keep_freed_memory, load_model, set_threads
 from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
 from cpu_grpo.train import group_logprobs
 
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     threads = set_threads()
+    keep_freed_memory()
     peak16, peak32 = matmul_peak(torch.bfloat16), matmul_peak(torch.float32)
     model, tok = load_model(args.model, log=lambda *a: None)
     model.train()

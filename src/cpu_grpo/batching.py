@@ -38,7 +38,7 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
             hidden = out[:, p_len - 1:-1]
         head = base.get_output_embeddings().weight
     dtype = torch.bfloat16 if autocast else head.dtype  # explicit: autocast does not reach a backward pass
-    return token_logprobs(hidden.to(dtype), head.to(dtype), cids, temperature), cmask
+    return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
 
 
 def micro_batches(rows: list[int], size: int):

@@ -41,10 +41,12 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
                    chunk: int = 1024) -> Tensor:
     """log p(target) for each position, never materialising (N, T, V) logits, forward or backward.
 
-    hidden (N, T, H), lm_head (V, H), targets (N, T) -> (N, T) fp32. Logits of at most `chunk` positions
-    exist at a time: the chosen logit minus a logsumexp, in fp32. The backward pass recomputes each chunk's
-    logits instead of keeping them (one extra lm_head matmul; for 5,000 positions and a 49k vocabulary it
-    saves ~1 GB): d logp / d logits = onehot(target) - softmax.
+    hidden (N, T, H), lm_head (V, H), targets (N, T) -> (N, T) fp32. The matmuls run in hidden's dtype (an
+    fp32 lm_head is cast once, and its gradient comes back in fp32, not through a bf16 round trip). Logits
+    of at most `chunk` positions exist at a time: the chosen logit minus a logsumexp, in fp32. The backward
+    pass recomputes each chunk's logits instead of keeping them (one extra lm_head matmul; for 5,000
+    positions and a 49k vocabulary it saves ~1 GB): d logp / d logits = onehot(target) - softmax, the
+    softmax from the fused kernel (fp32 inside, hidden's dtype out).
     """
     h = hidden.reshape(-1, hidden.shape[-1])  # (N*T, H)
     out = _ChunkedLogprob.apply(h, lm_head, targets.reshape(-1), temperature, chunk)
@@ -54,38 +56,37 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, w: Tensor, tgt: Tensor, temperature: float, chunk: int) -> Tensor:
+        wc = w.to(h.dtype)
         out = torch.empty(h.shape[0], dtype=torch.float32)
-        lse = torch.empty(h.shape[0], dtype=torch.float32)
         for i in range(0, h.shape[0], chunk):
-            logits = (h[i:i + chunk] @ w.t()).float()  # (chunk, V)
+            logits = (h[i:i + chunk] @ wc.t()).float()  # (chunk, V)
             if temperature != 1.0:
                 logits.div_(temperature)
-            lse[i:i + chunk] = torch.logsumexp(logits, dim=-1)
-            out[i:i + chunk] = logits.gather(-1, tgt[i:i + chunk, None]).squeeze(-1) - lse[i:i + chunk]
-        ctx.save_for_backward(h, w, tgt, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+            out[i:i + chunk] = logits.gather(-1, tgt[i:i + chunk, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+        ctx.save_for_backward(h, wc, tgt)
+        ctx.temperature, ctx.chunk, ctx.w_dtype = temperature, chunk, w.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        h, w, tgt, lse = ctx.saved_tensors
+        h, w, tgt = ctx.saved_tensors
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(w.shape, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_w = None
         for i in range(0, h.shape[0], ctx.chunk):
             hc, gc = h[i:i + ctx.chunk], grad[i:i + ctx.chunk, None]
-            d = (hc @ w.t()).float()  # (chunk, V) logits, recomputed; then in place: -softmax * grad
+            logits = hc @ w.t()  # (chunk, V), recomputed
+            if ctx.temperature != 1.0:
+                logits = logits / ctx.temperature
+            d = torch.softmax(logits, -1).mul_(-gc.to(h.dtype))  # -softmax * grad, then + onehot * grad
+            d.scatter_add_(-1, tgt[i:i + ctx.chunk, None], gc.to(h.dtype))
             if ctx.temperature != 1.0:
                 d.div_(ctx.temperature)
-            d.sub_(lse[i:i + ctx.chunk, None]).exp_().mul_(-gc)
-            d.scatter_add_(-1, tgt[i:i + ctx.chunk, None], gc)  # + onehot * grad
-            if ctx.temperature != 1.0:
-                d.div_(ctx.temperature)
-            d = d.to(h.dtype)
             if grad_h is not None:
                 grad_h[i:i + ctx.chunk] = d @ w
-            if grad_w is not None:
-                grad_w += (d.t() @ hc).float()
-        return grad_h, grad_w.to(w.dtype) if grad_w is not None else None, None, None, None
+            if ctx.needs_input_grad[1]:
+                part = (d.t() @ hc).float()
+                grad_w = part if grad_w is None else grad_w.add_(part)
+        return grad_h, grad_w.to(ctx.w_dtype) if grad_w is not None else None, None, None, None
 
 
 def _agg_grpo(per_token: Tensor, mask: Tensor, norm: dict) -> Tensor:

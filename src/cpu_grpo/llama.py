@@ -1,7 +1,9 @@
 """A short hand-written forward for Llama-family decoders (llama, qwen2, mistral), over the HF modules' weights.
 
-Two uses, both faster on a CPU than the generic HF forward:
-- `cached_forward`: sampling over a preallocated KV cache (rollout.py);
+Three uses, all faster on a CPU than the generic HF forward:
+- `cached_forward`: a prompt's prefill into a KV cache (rollout.py);
+- `decode_step`: one sampled token for every live row, with each prompt's keys/values kept once and shared
+  by the G rows of its group (shared-prefix attention) and fused q/k/v and gate/up projections;
 - `group_forward`: the training pass of GRPO, where the G completions of a prompt share it: the prompt is
   run once per group and its keys/values are expanded to the G rows, so prompt tokens cost 1/G of their
   usual forward and backward. Gradients flow through the shared prompt as they would through G copies.
@@ -154,3 +156,108 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     # the last prompt position predicts completion token 0; completion position t predicts token t+1
     last_p = x[:split].view(b, p, -1)[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
     return _rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm)
+
+
+def fuse_projections(net) -> list[tuple[Tensor, Tensor | None, Tensor]]:
+    """Per layer (Wqkv, bqkv or None, Wgate_up): one buffer each, with the modules' weights made views into it.
+
+    For a frozen copy (the sampler's): a decode step then runs two matmuls where it ran five, and copying new
+    weights into the modules (Sampler.refresh) updates the fused buffers too. No extra memory.
+    """
+    fused = []
+    for layer in net.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        wqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
+        bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias") if attn.q_proj.bias is not None else None
+        fused.append((wqkv, bqkv, _fuse([mlp.gate_proj, mlp.up_proj], "weight")))
+    return fused
+
+
+def _fuse(modules, name: str) -> Tensor:
+    buf = torch.cat([getattr(m, name).detach() for m in modules])
+    start = 0
+    for m in modules:
+        size = getattr(m, name).shape[0]
+        setattr(m, name, torch.nn.Parameter(buf[start:start + size], requires_grad=False))
+        start += size
+    return buf
+
+
+class PrefixCache:
+    """KV cache of a rollout: each prompt's keys/values once (b rows), each sample's own tokens (N = b*G rows).
+
+    kp (b, Hkv, D, P) keys transposed and vp (b, Hkv, P, D) per layer, from the prefill; kc (N, Hkv, D, T)
+    and vc (N, Hkv, T, D) per layer for the generated tokens. `rows` are the live samples (indices into N):
+    finished ones are dropped from kc/vc, never from the shared prompt part.
+    """
+
+    def __init__(self, prompt_cache, prompt_valid: Tensor, group_size: int, max_new: int):
+        self.prompt = prompt_cache
+        b, g = prompt_valid.shape[0], group_size
+        self.b, self.g = b, g
+        kp, vp = prompt_cache[0]
+        hkv, d = kp.shape[1], kp.shape[2]
+        self.comp = [(torch.empty(b * g, hkv, d, max_new, dtype=kp.dtype),
+                      torch.empty(b * g, hkv, max_new, d, dtype=vp.dtype)) for _ in prompt_cache]
+        self.bias_p = torch.zeros(prompt_valid.shape).masked_fill_(~prompt_valid, -math.inf)  # (b, P)
+        self.rows = torch.arange(b * g)
+
+    def keep(self, keep: Tensor) -> None:
+        self.rows = self.rows[keep]
+        self.comp = [(k[keep], v[keep]) for k, v in self.comp]
+
+
+def decode_step(net, fused, cache: PrefixCache, tok: Tensor, pos: Tensor, t: int) -> Tensor:
+    """Feed tok (n,) at positions pos (n,) as generated token t of every live row; return last hidden (n, H)."""
+    inner = net.model
+    n = tok.shape[0]
+    rows, b, g = cache.rows, cache.b, cache.g
+    full = n == b * g
+    x = inner.embed_tokens(tok)  # (n, H)
+    cos, sin = _rope_tables(inner.rotary_emb, x, pos[:, None])  # (n, 1, 1, D)
+    bias = torch.cat([cache.bias_p[rows // g], torch.zeros(n, t + 1)], dim=-1)[:, None, None]  # (n, 1, 1, P+t+1)
+    for i, layer in enumerate(inner.layers):
+        attn, (wqkv, bqkv, wgu) = layer.self_attn, fused[i]
+        d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
+        qkv = F.linear(_rms(x, layer.input_layernorm), wqkv, bqkv)
+        nq = attn.q_proj.weight.shape[0]
+        q = _rope(qkv[:, :nq].view(n, -1, 1, d), cos, sin).view(n, hkv, -1, d)  # (n, Hkv, rep, D)
+        k = _rope(qkv[:, nq:nq + hkv * d].view(n, hkv, 1, d), cos, sin)  # (n, Hkv, 1, D)
+        kc, vc = cache.comp[i]
+        kc[:, :, :, t] = k[:, :, 0]
+        vc[:, :, t] = qkv[:, nq + hkv * d:].view(n, hkv, d)
+        a = _shared_prefix_attention(q, cache.prompt[i], kc[..., :t + 1], vc[:, :, :t + 1], bias, attn.scaling,
+                                     rows, b, g, full)
+        x = x + attn.o_proj(a.reshape(n, -1))
+        gate, up = F.linear(_rms(x, layer.post_attention_layernorm), wgu).chunk(2, dim=-1)
+        x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return _rms(x, inner.norm)
+
+
+def _shared_prefix_attention(q, prompt_kv, kc, vc, bias, scale, rows, b, g, full):
+    """q (n, Hkv, rep, D) of the live rows -> (n, Hkv, rep, D), over their prompt's keys and their own.
+
+    The prompt part runs per group: the G rows' queries stacked as one (G*rep)-row matmul against the prompt's
+    keys, which are read once per group instead of once per row.
+    """
+    kp, vp = prompt_kv
+    n, hkv, rep, d = q.shape
+    if full:
+        qf = q
+    else:  # dead rows get zero queries; their scores are computed and thrown away
+        qf = q.new_zeros(b * g, hkv, rep, d)
+        qf[rows] = q
+    qg = qf.view(b, g, hkv, rep, d).transpose(1, 2).reshape(b, hkv, g * rep, d)
+    sp = (qg @ kp).view(b, hkv, g, rep, -1).transpose(1, 2).reshape(b * g, hkv, rep, -1)  # (b*G, Hkv, rep, P)
+    if not full:
+        sp = sp[rows]
+    p_len = sp.shape[-1]
+    probs = (torch.cat([sp, q @ kc], dim=-1).float() * scale + bias).softmax(-1).to(q.dtype)
+    pp, pc = probs[..., :p_len], probs[..., p_len:]
+    if not full:
+        ppf = pp.new_zeros(b * g, hkv, rep, p_len)
+        ppf[rows] = pp
+        pp = ppf
+    ap = (pp.view(b, g, hkv, rep, p_len).transpose(1, 2).reshape(b, hkv, g * rep, p_len) @ vp)
+    ap = ap.view(b, hkv, g, rep, d).transpose(1, 2).reshape(b * g, hkv, rep, d)
+    return (ap if full else ap[rows]) + pc @ vc

@@ -4,8 +4,9 @@ How it departs from `transformers.generate`:
 1. A bf16 copy of the policy does the sampling; `refresh()` copies the fp32 master weights into it after
    each optimizer step (one cast, ~0.1 s for 135M parameters). LoRA deltas are merged into the copy.
 2. For Llama-family decoders (llama, qwen2, mistral) a short hand-written forward runs over a preallocated
-   KV cache, so a decode step costs a few large matmuls, not hundreds of small Python calls.
-3. Each prompt is prefilled once and its cache expanded to G rows.
+   KV cache, with q/k/v and gate/up fused, so a decode step costs a few large matmuls, not hundreds of small
+   Python calls.
+3. Each prompt is prefilled once; its keys/values stay in one copy that the G rows of its group share.
 4. Finished rows are dropped from the batch, so long stragglers do not carry dead rows.
 5. Randomness comes from an explicit `torch.Generator`: a rollout can be replayed from its seed.
 Other architectures fall back to `model.generate` on the bf16 copy.
@@ -19,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from .llama import cached_forward, supports
+from .llama import PrefixCache, cached_forward, decode_step, fuse_projections, supports
 
 
 def _plain_name(name: str) -> str:
@@ -40,6 +41,7 @@ class Sampler:
         for p in self.net.parameters():
             p.requires_grad_(False)
         self.fast = fast and supports(self.net)
+        self.fused = fuse_projections(self.net) if self.fast else None
         self.refresh()
 
     @torch.no_grad()
@@ -61,8 +63,8 @@ class Sampler:
         if not self.fast:
             return _hf_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature,
                                 top_k, top_p, generator)
-        return _fast_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k,
-                              top_p, generator)
+        return _fast_generate(self.net, self.fused, prompts, group_size, max_new_tokens, eos_ids, pad_id,
+                              temperature, top_k, top_p, generator)
 
 
 def _unwrap_lora(net):
@@ -121,42 +123,36 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
 # fast path: llama.cached_forward over a preallocated KV cache
 
 
-def _fast_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
+def _fast_generate(net, fused, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p,
+                   generator):
     cfg = net.config
     b, g = len(prompts), group_size
-    ids, valid = left_pad(prompts, pad_id)  # left padding: every row decodes into the same cache slot
-    p_len = ids.shape[1]
-    valid = torch.cat([valid, torch.ones(b, max_new_tokens, dtype=torch.bool)], dim=1)  # generated slots
-    pos = (valid[:, :p_len].long().cumsum(-1) - 1).clamp(min=0)
+    ids, valid = left_pad(prompts, pad_id)
+    pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    hkv, slots = cfg.num_key_value_heads, p_len + max_new_tokens
-    cache = [(torch.zeros(b, hkv, head_dim, slots, dtype=net.dtype),  # keys transposed
-              torch.zeros(b, hkv, slots, head_dim, dtype=net.dtype))
-             for _ in range(cfg.num_hidden_layers)]
-    last = cached_forward(net, ids, pos, cache, 0, valid)  # (B, H): one prefill per prompt
-    # expand each prompt's cache to its G rows
-    cache = [(k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)) for k, v in cache]
-    valid = valid.repeat_interleave(g, 0)
+    hkv, p_len = cfg.num_key_value_heads, ids.shape[1]
+    prompt_cache = [(torch.zeros(b, hkv, head_dim, p_len, dtype=net.dtype),  # keys transposed
+                     torch.zeros(b, hkv, p_len, head_dim, dtype=net.dtype)) for _ in range(cfg.num_hidden_layers)]
+    last = cached_forward(net, ids, pos, prompt_cache, 0, valid)  # (B, H): one prefill per prompt
+    cache = PrefixCache(prompt_cache, valid, g, max_new_tokens)
     next_pos = pos[:, -1].repeat_interleave(g, 0) + 1  # (N,)
     logits = net.lm_head(last).repeat_interleave(g, 0)  # (N, V)
-    rows = torch.arange(b * g)  # original row of each live batch row
     out: list[list[int]] = [[] for _ in range(b * g)]
     eos = torch.tensor(eos_ids)
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
     for step in range(max_new_tokens):
         tok = sample_token(logits, temperature, top_k, top_p, generator)
-        for r, t, d in zip(rows.tolist(), tok.tolist(), done.tolist(), strict=True):
+        for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
             if not d:
                 out[r].append(t)
         done = done | torch.isin(tok, eos)
         if step == max_new_tokens - 1 or bool(done.all()):
             break
-        if int(done.sum()) >= max(1, len(rows) // 8):  # drop finished rows from the batch and the cache
+        if int(done.sum()) >= max(1, len(done) // 8):  # drop finished rows from the batch and the cache
             keep = (~done).nonzero().squeeze(-1)
-            rows, tok, next_pos, valid, done = rows[keep], tok[keep], next_pos[keep], valid[keep], done[keep]
-            cache = [(k[keep], v[keep]) for k, v in cache]
-        start = p_len + step
-        last = cached_forward(net, tok[:, None], next_pos[:, None], cache, start, valid)
+            cache.keep(keep)
+            tok, next_pos, done = tok[keep], next_pos[keep], done[keep]
+        last = decode_step(net, fused, cache, tok, next_pos, step)
         next_pos = next_pos + 1
         logits = net.lm_head(last)
     return out

@@ -29,7 +29,7 @@ from . import checkpoint, curriculum, evaluate, rewards, tasks
 from .batching import auto_micro_groups, group_logprobs, micro_batches
 from .config import Stage, TrainConfig, describe, plan, save
 from .grpo import group_advantages, grpo_loss
-from .models import set_threads
+from .models import keep_freed_memory, set_threads
 from .rollout import encode_prompts
 from .runstate import Run, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
 from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_jsonl, write_status
@@ -157,6 +157,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
 
 def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, log) -> Path:
     threads = set_threads(cfg.threads or None)
+    keep_freed_memory()
     stages = plan(cfg)
     log(f"run: {run_dir}  (threads {threads})\nconfig:\n{describe(cfg)}")
     busy = os.getloadavg()[0]
