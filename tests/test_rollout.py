@@ -104,3 +104,15 @@ def test_bf16_logprobs_close_to_fp32(model):
     lp32, _ = group_logprobs(model, PROMPTS[:1], completions, [0], 2, 0, 1.0, autocast=False)
     lp16, _ = group_logprobs(model, PROMPTS[:1], completions, [0], 2, 0, 1.0, autocast=True)
     assert (lp32 - lp16).abs().max() < 0.1  # stated tolerance for bf16 autocast on a random tiny model
+
+
+def test_tied_embeddings_reach_the_rollout_copy(tiny_model):
+    """SmolLM2 ties lm_head to the embeddings; the copy is built from the config and must get both."""
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    cfg = base.config
+    cfg.tie_word_embeddings = True
+    model = type(base)(cfg).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    eos = cfg.eos_token_id
+    out = Sampler(model, dtype=torch.float32).generate(PROMPTS[:1], 1, 12, [eos], cfg.pad_token_id, temperature=0)
+    assert out[0] == hf_greedy(model, PROMPTS[0], 12, eos)

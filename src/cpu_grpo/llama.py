@@ -54,8 +54,10 @@ def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> T
     hkv = kt.shape[1]
     rep = h // hkv
     q = q.reshape(n, hkv, rep * t, d)  # heads h = j*rep + r share kv head j
-    scores = (q @ kt).float() * scale  # (N, Hkv, rep*T, S)
-    scores = scores.masked_fill(~mask.repeat(1, 1, rep, 1), -math.inf)
+    scores = (q @ kt) * scale  # (N, Hkv, rep*T, S), in q's dtype (bf16 in training and sampling)
+    scores = scores.view(n, hkv, rep, t, -1).masked_fill(~mask[:, :, None], -math.inf).view(n, hkv, rep * t, -1)
+    # the softmax kernel works in fp32 inside; a bf16 output is what the next matmul takes anyway, and it is
+    # the one tensor the backward keeps (an fp32 softmax output would be kept too: 220 MB a group here)
     return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
 
 
@@ -76,7 +78,33 @@ def _heads(x: Tensor, n: int, t: int, d: int, cos: Tensor, sin: Tensor) -> Tenso
 
 def _mlp(mlp, x: Tensor, ln) -> Tensor:
     h = _rms(x, ln)
-    return x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
+    gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+    act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(mlp.act_fn) else mlp.act_fn(gate) * up
+    return x + mlp.down_proj(act)
+
+
+def _is_silu(fn) -> bool:
+    return isinstance(fn, torch.nn.SiLU) or type(fn).__name__ == "SiLUActivation" or fn is F.silu
+
+
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate) * up that keeps only gate and up for the backward (autograd would also keep silu(gate) and
+    the product: two more (tokens, intermediate) tensors a layer); silu is recomputed, which is cheap."""
+
+    @staticmethod
+    def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        gate, up = ctx.saved_tensors
+        gf = gate.float()
+        sig = torch.sigmoid(gf)
+        silu = gf * sig
+        grad_f = grad.float()
+        d_gate = grad_f * up.float() * sig * (1 + gf * (1 - sig))
+        return d_gate.to(gate.dtype), (grad_f * silu).to(up.dtype)
 
 
 def causal_mask(t: int, start: int) -> Tensor:
