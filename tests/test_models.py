@@ -72,3 +72,23 @@ def test_real_default_model_one_step(real_cache, tmp_path):
     rec = read_jsonl(run / "metrics.jsonl")[0]
     assert rec["step"] == 1 and rec["completion_len"] > 0 and 0 <= rec["accuracy"] <= 1
     assert (run / "summary.json").exists()
+
+
+def test_real_default_model_fast_sampler_equals_generate(real_cache):
+    """The hand-written decoder (fused projections, shared prompt keys, tied embeddings) on the real model."""
+    import torch
+
+    from cpu_grpo.models import load_model
+    from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
+
+    try:
+        model, tok = load_model("smollm2-135m", log=lambda *a: None)
+    except ModelError as e:
+        pytest.skip(f"default model not available: {e}")
+    prompts = encode_prompts(tok, ["What is 12 + 30?", "Tom has 3 apples and buys 5 more. How many apples now?"])
+    stops = eos_ids(tok, model)
+    out = Sampler(model, dtype=torch.float32).generate(prompts, 2, 24, stops, tok.pad_token_id, temperature=0)
+    for i, p in enumerate(prompts):
+        ref = model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=stops,
+                             pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+        assert out[2 * i] == out[2 * i + 1] == ref
