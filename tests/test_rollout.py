@@ -116,3 +116,28 @@ def test_tied_embeddings_reach_the_rollout_copy(tiny_model):
     eos = cfg.eos_token_id
     out = Sampler(model, dtype=torch.float32).generate(PROMPTS[:1], 1, 12, [eos], cfg.pad_token_id, temperature=0)
     assert out[0] == hf_greedy(model, PROMPTS[0], 12, eos)
+
+
+def test_parts_of_a_group_add_up_to_the_whole_group(model):
+    """Micro-batches smaller than a group (each part runs the prompt again) give the same log-probs and gradient."""
+    from cpu_grpo.batching import micro_batches
+
+    completions = [[1, 2, 3], [4, 5], [5, 6, 7, 8], [9], [12, 13], [14], [3, 3, 3, 3, 3], [7, 8]]  # 2 groups of 4
+    weights = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
+    results = []
+    for rows in (8, 4, 3):
+        model.zero_grad()
+        parts = list(micro_batches([0, 1], 4, rows))
+        assert sum(len(p) * (hi - lo) for p, (lo, hi) in parts) == 8
+        logps = {}
+        for part, samples in parts:
+            lp, mask = group_logprobs(model, PROMPTS, completions, list(part), 4, 0, 1.0, autocast=False,
+                                      samples=samples)
+            idx = [i * 4 + j for i in part for j in range(*samples)]
+            (lp * mask * weights[idx, :lp.shape[1]]).sum().backward()
+            for k, r in enumerate(idx):
+                logps[r] = lp[k, :len(completions[r])].detach()
+        results.append((logps, model.model.layers[0].mlp.up_proj.weight.grad.clone()))
+    for logps, grad in results[1:]:
+        assert all(torch.allclose(logps[r], results[0][0][r], atol=1e-5) for r in range(8))
+        assert torch.allclose(grad, results[0][1], atol=1e-5)

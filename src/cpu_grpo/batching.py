@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import llama
@@ -10,15 +12,18 @@ from .rollout import left_pad
 
 
 def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_id: int, temperature: float,
-                   autocast: bool, checkpointing: bool = False):
-    """Log-probs (n, T) of the completions of `groups` (n = len(groups) * G) and their mask (n, T).
+                   autocast: bool, checkpointing: bool = False, samples: tuple[int, int] | None = None):
+    """Log-probs (n, T) of the completions of `groups` and their mask (n, T): samples lo..hi-1 of each group
+    (all G by default), so n = len(groups) * (hi - lo).
 
-    Llama-family models run each prompt once per group (llama.group_forward); others run the full
+    Llama-family models run each prompt once per micro-batch (llama.group_forward); others run the full
     left-padded prompt + completion sequences through the HF decoder.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lo, hi = samples or (0, g)
     ps = [prompts[i] for i in groups]
-    cs = [completions[i * g + j] for i in groups for j in range(g)]
+    cs = [completions[i * g + j] for i in groups for j in range(lo, hi)]
+    g = hi - lo  # rows per prompt in this micro-batch
     pids, pvalid = left_pad(ps, pad_id)
     p_len, t_len = pids.shape[1], max(1, max(len(c) for c in cs))
     cids = torch.full((len(cs), t_len), pad_id, dtype=torch.long)
@@ -41,21 +46,36 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
     return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
 
 
-def micro_batches(rows: list[int], size: int):
-    for i in range(0, len(rows), size):
-        yield rows[i:i + size]
+def micro_batches(groups: list[int], g: int, rows: int):
+    """Micro-batches of about `rows` sequences as (groups, (lo, hi)): whole groups when rows >= G, else each
+    group in near-equal parts (its prompt then runs once per part)."""
+    if rows >= g:
+        k = rows // g
+        for i in range(0, len(groups), k):
+            yield tuple(groups[i:i + k]), (0, g)
+        return
+    parts = -(-g // max(1, rows))
+    bounds = [round(j * g / parts) for j in range(parts + 1)]
+    for i in groups:
+        for lo, hi in itertools.pairwise(bounds):
+            yield (i,), (lo, hi)
 
 
-def auto_micro_groups(model, tokens_per_group: int) -> int:
-    """Groups per forward/backward from free memory.
+def auto_micro_rows(model, prompt_len: int, completion_len: int, g: int, budget: float = 0.75e9) -> int:
+    """Sequences per forward/backward so that the activations kept for the backward fit `budget` bytes
+    (and a quarter of the free memory).
 
-    Activations kept for the backward pass are ~ layers * hidden * 60 bytes per token under bf16 autocast
-    (~1 MB a token for SmolLM2-135M); the budget is a quarter of the free memory, at most 1.5 GB, so the
-    peak stays close to weights + optimizer state.
+    Measured for SmolLM2-135M under bf16 autocast (llama.group_forward): 1.27 GB kept for one group of
+    8 x 128 completion tokens + 80 prompt tokens, i.e. ~67 bytes per token, layer and hidden unit.
+    Whole groups while they fit, else parts of a group (each part runs the prompt again: ~5% slower for halves
+    here, for half the activation memory).
     """
     import psutil
 
     cfg = model.config
-    per_token = cfg.num_hidden_layers * cfg.hidden_size * 60
-    budget = min(psutil.virtual_memory().available * 0.25, 1.5e9)
-    return int(max(1, budget // (per_token * tokens_per_group)))
+    per_token = cfg.num_hidden_layers * cfg.hidden_size * 67
+    budget = min(psutil.virtual_memory().available * 0.25, budget)
+    group_tokens = prompt_len + g * completion_len
+    if group_tokens * per_token <= budget:
+        return g * max(1, int(budget // (group_tokens * per_token)))
+    return max(1, int((budget / per_token - prompt_len) // max(1, completion_len)))

@@ -70,7 +70,9 @@ class TrainConfig:
     warmup_steps: int = _f(0, "linear warmup steps")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping by global norm (0: off)")
-    micro_batch_size: int = _f(0, "sequences per forward/backward, in whole groups (0: chosen from free memory)")
+    micro_batch_size: int = _f(
+        0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
+        "(0: from a 0.75 GB budget for activations)")
     bf16: bool = _f(True, "bf16 rollouts and bf16 autocast in training, where the CPU supports it")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, slower")
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")

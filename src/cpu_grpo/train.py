@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint, curriculum, evaluate, rewards, tasks
-from .batching import auto_micro_groups, group_logprobs, micro_batches
+from .batching import auto_micro_rows, group_logprobs, micro_batches
 from .config import Stage, TrainConfig, describe, plan, save
 from .grpo import group_advantages, grpo_loss
 from .models import keep_freed_memory, set_threads
@@ -214,29 +214,30 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip
                 groups = [i for i in range(len(batch))
                           if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
-                tokens_per_group = max(len(p) for p in prompts) + g * max(len(c) for c in completions)
-                mb = cfg.micro_batch_size // g if cfg.micro_batch_size else auto_micro_groups(model, tokens_per_group)
-                mb = max(1, mb)
+                mb = cfg.micro_batch_size or auto_micro_rows(model, max(len(p) for p in prompts),
+                                                             max(len(c) for c in completions), g)
                 fixed = {}  # old and reference log-probs, computed once before the updates
                 if cfg.num_iterations > 1 or ref is not None:
                     with torch.no_grad():
-                        for part in micro_batches(groups, mb):
+                        for part, samples in micro_batches(groups, g, mb):
                             if cfg.num_iterations > 1:
-                                fixed[tuple(part), "old"] = group_logprobs(model, prompts, completions, part, g, pad,
-                                                                           cfg.temperature, r.autocast)[0]
+                                fixed[part, samples, "old"] = group_logprobs(
+                                    model, prompts, completions, part, g, pad, cfg.temperature, r.autocast,
+                                    samples=samples)[0]
                             if ref is not None:
-                                fixed[tuple(part), "ref"] = group_logprobs(ref, prompts, completions, part, g, pad,
-                                                                           cfg.temperature, r.autocast)[0]
+                                fixed[part, samples, "ref"] = group_logprobs(
+                                    ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast,
+                                    samples=samples)[0]
                 sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0}
                 grad_norm = torch.tensor(0.0)
                 for _ in range(cfg.num_iterations):
                     r.opt.zero_grad(set_to_none=True)
-                    for part in micro_batches(groups, mb):
+                    for part, samples in micro_batches(groups, g, mb):
                         logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
-                                                    r.autocast, cfg.gradient_checkpointing)
-                        rows = [i * g + j for i in part for j in range(g)]
-                        loss, st = grpo_loss(logp, fixed.get((tuple(part), "old"), logp.detach()),
-                                             fixed.get((tuple(part), "ref")), adv[rows], mask, norm,
+                                                    r.autocast, cfg.gradient_checkpointing, samples)
+                        rows = [i * g + j for i in part for j in range(*samples)]
+                        loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
+                                             fixed.get((part, samples, "ref")), adv[rows], mask, norm,
                                              cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
                         loss.backward()
                         sums["loss"] += loss.item() / cfg.num_iterations
@@ -264,7 +265,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     "completion_len": c_tokens / n,
                     "truncated_frac": sum(len(c) >= cfg.max_new_tokens for c in completions) / n,
                     **adv_stats, "frac_skipped": 1 - len(groups) / len(batch), "grad_norm": float(grad_norm),
-                    "lr": r.sched.get_last_lr()[0], "micro_batch_groups": mb,
+                    "lr": r.sched.get_last_lr()[0], "micro_batch_size": mb,
                     "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
                     "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
                     "train_tok_s": sum(len(prompts[i]) * g + sum(len(c) for c in completions[i * g:(i + 1) * g])
