@@ -141,3 +141,11 @@ def test_parts_of_a_group_add_up_to_the_whole_group(model):
     for logps, grad in results[1:]:
         assert all(torch.allclose(logps[r], results[0][0][r], atol=1e-5) for r in range(8))
         assert torch.allclose(grad, results[0][1], atol=1e-5)
+
+
+def test_released_copy_comes_back_with_the_policy_weights(model):
+    sampler = Sampler(model, dtype=torch.float32)
+    before = sampler.generate(PROMPTS, 2, 8, [0], 0, temperature=0)
+    sampler.release()
+    assert all(p.numel() == 0 for p in sampler.net.parameters())
+    assert sampler.generate(PROMPTS, 2, 8, [0], 0, temperature=0) == before  # refreshed on demand

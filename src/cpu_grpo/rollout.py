@@ -40,11 +40,26 @@ class Sampler:
             p.requires_grad_(False)
         self.fast = fast and supports(self.net)
         self.fused = fuse_projections(self.net) if self.fast else None
+        self.released: dict | None = None
         self.refresh()
+
+    def release(self) -> None:
+        """Free the copy's weights until the next refresh() (which the training loop calls after each update):
+        the update does not use them, and its activations can have the memory (270 MB for SmolLM2-135M)."""
+        if self.released is None:
+            self.released = {id(p): p.shape for p in self.net.parameters()}
+            for p in self.net.parameters():
+                p.data = torch.empty(0, dtype=p.dtype)
+            self.fused = None
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the current policy weights (LoRA deltas merged) into the rollout copy."""
+        if self.released is not None:
+            for p in self.net.parameters():
+                p.data = torch.empty(self.released[id(p)], dtype=p.dtype)
+            self.fused = fuse_projections(self.net) if self.fast else None
+            self.released = None
         # every name of a shared tensor (tied embeddings): the copy may or may not share it as the policy does
         mine = dict(self.net.named_parameters(remove_duplicate=False))
         deltas = _lora_deltas(self.policy)
@@ -61,6 +76,8 @@ class Sampler:
                  pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  generator: torch.Generator | None = None) -> list[list[int]]:
         """Return B*G completions (token ids, EOS included when reached), group-major: row i*G+j."""
+        if self.released is not None:
+            self.refresh()
         if not self.fast:
             return _hf_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature,
                                 top_k, top_p, generator)

@@ -199,6 +199,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
                 completions = sampler.generate(prompts, g, cfg.max_new_tokens, r.stops, pad, cfg.temperature,
                                                cfg.top_k, cfg.top_p, r.gen)
+                sampler.release()  # its memory goes to the update's activations; refresh() brings it back
                 t1 = time.time()
                 if stop.requested:  # discard this rollout; the last complete step is what gets saved
                     break
