@@ -339,3 +339,21 @@ def test_token_logprobs_gradients_match_log_softmax(temperature, chunk):
     h.grad = w.grad = None
     (token_logprobs(h, w, tg, temperature, chunk=chunk) * g).sum().backward()
     assert torch.allclose(h.grad, gh, atol=1e-5) and torch.allclose(w.grad, gw, atol=1e-5)
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 2**30])  # probabilities recomputed in the backward, or kept
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_gradients_match_autograd(keep_bytes, temperature):
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 3, 8, generator=g, dtype=torch.float64)
+    lm_head = torch.randn(11, 8, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 11, (2, 3), generator=g)
+    weights = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (lambda h, w: token_logprobs(h, w, targets, temperature, chunk=4, keep_bytes=keep_bytes),
+               lambda h, w: reference_logprobs(h, w, targets, temperature)):
+        h, w = hidden.clone().requires_grad_(), lm_head.clone().requires_grad_()
+        (fn(h, w) * weights).sum().backward()
+        grads.append((h.grad, w.grad))
+    close(grads[0][0], grads[1][0], atol=1e-6)
+    close(grads[0][1], grads[1][1], atol=1e-6)
