@@ -49,8 +49,11 @@ def prepare_model(cfg: TrainConfig, log):
     if cfg.use_lora:
         from peft import LoraConfig, get_peft_model
 
+        if cfg.bf16 and bf16_supported():  # frozen weights need no fp32 master: half the memory, no casts
+            model = model.to(torch.bfloat16)
         model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"),
+                               autocast_adapter_dtype=True)  # the adapters themselves stay fp32
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
