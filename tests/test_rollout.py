@@ -127,13 +127,13 @@ def test_parts_of_a_group_add_up_to_the_whole_group(model):
     results = []
     for rows in (8, 4, 3):
         model.zero_grad()
-        parts = list(micro_batches([0, 1], 4, rows))
-        assert sum(len(p) * (hi - lo) for p, (lo, hi) in parts) == 8
+        parts = list(micro_batches([0, 1], 4, rows, [len(c) for c in completions]))
+        assert sorted(i * 4 + j for p, samples in parts for i in p for j in samples) == list(range(8))
         logps = {}
         for part, samples in parts:
             lp, mask = group_logprobs(model, PROMPTS, completions, list(part), 4, 0, 1.0, autocast=False,
                                       samples=samples)
-            idx = [i * 4 + j for i in part for j in range(*samples)]
+            idx = [i * 4 + j for i in part for j in samples]
             (lp * mask * weights[idx, :lp.shape[1]]).sum().backward()
             for k, r in enumerate(idx):
                 logps[r] = lp[k, :len(completions[r])].detach()

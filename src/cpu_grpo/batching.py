@@ -12,18 +12,18 @@ from .rollout import left_pad
 
 
 def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_id: int, temperature: float,
-                   autocast: bool, checkpointing: bool = False, samples: tuple[int, int] | None = None):
-    """Log-probs (n, T) of the completions of `groups` and their mask (n, T): samples lo..hi-1 of each group
-    (all G by default), so n = len(groups) * (hi - lo).
+                   autocast: bool, checkpointing: bool = False, samples: tuple[int, ...] | None = None):
+    """Log-probs (n, T) of the completions of `groups` and their mask (n, T): the given samples of each group
+    (indices in 0..G-1; all G by default), so n = len(groups) * len(samples).
 
     Llama-family models run each prompt once per micro-batch (llama.group_forward); others run the full
     left-padded prompt + completion sequences through the HF decoder.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lo, hi = samples or (0, g)
+    samples = samples or tuple(range(g))
     ps = [prompts[i] for i in groups]
-    cs = [completions[i * g + j] for i in groups for j in range(lo, hi)]
-    g = hi - lo  # rows per prompt in this micro-batch
+    cs = [completions[i * g + j] for i in groups for j in samples]
+    g = len(samples)  # rows per prompt in this micro-batch
     pids, pvalid = left_pad(ps, pad_id)
     p_len, t_len = pids.shape[1], max(1, max(len(c) for c in cs))
     cids = torch.full((len(cs), t_len), pad_id, dtype=torch.long)
@@ -46,19 +46,21 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
     return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
 
 
-def micro_batches(groups: list[int], g: int, rows: int):
-    """Micro-batches of about `rows` sequences as (groups, (lo, hi)): whole groups when rows >= G, else each
-    group in near-equal parts (its prompt then runs once per part)."""
+def micro_batches(groups: list[int], g: int, rows: int, lengths: list[int] | None = None):
+    """Micro-batches of about `rows` sequences as (groups, samples): whole groups when rows >= G, else each
+    group in near-equal parts (its prompt then runs once per part), its samples ordered by completion length
+    (`lengths`, one per sequence) so that short ones are padded to short ones."""
     if rows >= g:
         k = rows // g
         for i in range(0, len(groups), k):
-            yield tuple(groups[i:i + k]), (0, g)
+            yield tuple(groups[i:i + k]), tuple(range(g))
         return
     parts = -(-g // max(1, rows))
     bounds = [round(j * g / parts) for j in range(parts + 1)]
     for i in groups:
+        order = sorted(range(g), key=lambda j: lengths[i * g + j]) if lengths else list(range(g))
         for lo, hi in itertools.pairwise(bounds):
-            yield (i,), (lo, hi)
+            yield (i,), tuple(order[lo:hi])
 
 
 def auto_micro_rows(model, prompt_len: int, completion_len: int, g: int, budget: float = 0.75e9) -> int:

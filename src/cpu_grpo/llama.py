@@ -247,19 +247,25 @@ def decode_step(net, fused, cache: PrefixCache, tok: Tensor, pos: Tensor, t: int
     for i, layer in enumerate(inner.layers):
         attn, (wqkv, bqkv, wgu) = layer.self_attn, fused[i]
         d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
-        qkv = F.linear(_rms(x, layer.input_layernorm), wqkv, bqkv)
-        nq = attn.q_proj.weight.shape[0]
-        q = _rope(qkv[:, :nq].view(n, -1, 1, d), cos, sin).view(n, hkv, -1, d)  # (n, Hkv, rep, D)
-        k = _rope(qkv[:, nq:nq + hkv * d].view(n, hkv, 1, d), cos, sin)  # (n, Hkv, 1, D)
+        qkv = F.linear(_rms_one(x, layer.input_layernorm), wqkv, bqkv)
+        nk = hkv * d
+        nq = qkv.shape[1] - 2 * nk
+        qk = _rope(qkv[:, :nq + nk].view(n, -1, 1, d), cos, sin)  # q and k heads rotated together
+        q, k = qk[:, :nq // d].view(n, hkv, -1, d), qk[:, nq // d:, 0]  # (n, Hkv, rep, D), (n, Hkv, D)
         kc, vc = cache.comp[i]
-        kc[:, :, :, t] = k[:, :, 0]
-        vc[:, :, t] = qkv[:, nq + hkv * d:].view(n, hkv, d)
+        kc[:, :, :, t] = k
+        vc[:, :, t] = qkv[:, nq + nk:].view(n, hkv, d)
         a = _shared_prefix_attention(q, cache.prompt[i], kc[..., :t + 1], vc[:, :, :t + 1], bias, attn.scaling,
                                      rows, b, g, full)
         x = x + attn.o_proj(a.reshape(n, -1))
-        gate, up = F.linear(_rms(x, layer.post_attention_layernorm), wgu).chunk(2, dim=-1)
+        gate, up = F.linear(_rms_one(x, layer.post_attention_layernorm), wgu).chunk(2, dim=-1)
         x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
     return _rms(x, inner.norm)
+
+
+def _rms_one(x: Tensor, norm) -> Tensor:
+    """RMSNorm as one fused call (fp32 inside): for sampling, where every op of a decode step counts."""
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
 
 def _shared_prefix_attention(q, prompt_kv, kc, vc, bias, scale, rows, b, g, full):

@@ -215,12 +215,13 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip
                 groups = [i for i in range(len(batch))
                           if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
+                lengths = [len(c) for c in completions]
                 mb = cfg.micro_batch_size or auto_micro_rows(model, max(len(p) for p in prompts),
                                                              max(len(c) for c in completions), g)
                 fixed = {}  # old and reference log-probs, computed once before the updates
                 if cfg.num_iterations > 1 or ref is not None:
                     with torch.no_grad():
-                        for part, samples in micro_batches(groups, g, mb):
+                        for part, samples in micro_batches(groups, g, mb, lengths):
                             if cfg.num_iterations > 1:
                                 fixed[part, samples, "old"] = group_logprobs(
                                     model, prompts, completions, part, g, pad, cfg.temperature, r.autocast,
@@ -233,10 +234,10 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 grad_norm = torch.tensor(0.0)
                 for _ in range(cfg.num_iterations):
                     r.opt.zero_grad(set_to_none=True)
-                    for part, samples in micro_batches(groups, g, mb):
+                    for part, samples in micro_batches(groups, g, mb, lengths):
                         logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
                                                     r.autocast, cfg.gradient_checkpointing, samples)
-                        rows = [i * g + j for i in part for j in range(*samples)]
+                        rows = [i * g + j for i in part for j in samples]
                         loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
                                              fixed.get((part, samples, "ref")), adv[rows], mask, norm,
                                              cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
