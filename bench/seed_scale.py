@@ -5,7 +5,10 @@
 
 Each setup runs the training loop (`train()`) in its own process, so its peak RSS is its own: `lora` (adapters
 r=16 on every linear layer, the frozen base in bf16) and `full` (every weight, fp32 masters and AdamW state).
-The first step is left out of the s/step median. Prints one markdown table. Run on an otherwise idle machine.
+Every completion runs to the full 256 tokens (end-of-sequence tokens are not stops here: the worst case for time
+and memory, and what "4 x 4 x 256" means), and the reward is a seeded pseudo-random number per completion, so no
+group is skipped for zero variance and every step runs a full update. The first step is left out of the s/step
+median. Prints one markdown table. Run on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -17,17 +20,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 
+def varied_reward(completions, **kwargs) -> list[float]:
+    """A pseudo-random reward in [0, 1) from each completion's text: variance in every group."""
+    return [(zlib.crc32(str(c).encode()) % 1000) / 1000 for c in completions]
+
+
 def child(args) -> dict:
+    from cpu_grpo import runstate
     from cpu_grpo.config import TrainConfig
     from cpu_grpo.tracking import read_jsonl
     from cpu_grpo.train import train
 
+    runstate.eos_ids = lambda tok, model: []  # no stop token: every completion has max_new_tokens
     with tempfile.TemporaryDirectory(prefix="seed_scale_") as tmp:
         cfg = TrainConfig(model=args.model, task="basic", train_size=64, eval_size=0, steps=args.steps,
-                          prompts_per_step=4, num_generations=4, max_new_tokens=256, learning_rate=1e-5,
+                          prompts_per_step=4, num_generations=4, max_new_tokens=256, learning_rate=1e-6,
+                          rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0],
                           use_lora=args.child == "lora", save_every=0, output_dir=str(Path(tmp) / "run"), seed=0)
         rows = read_jsonl(train(cfg, log=lambda *a: print(*a, file=sys.stderr)) / "metrics.jsonl")
     return {"setup": args.child, "rows": [{k: r[k] for k in ("step_seconds", "time_rollout", "time_update",

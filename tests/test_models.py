@@ -92,3 +92,19 @@ def test_real_default_model_fast_sampler_equals_generate(real_cache):
         ref = model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=stops,
                              pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
         assert out[2 * i] == out[2 * i + 1] == ref
+
+
+def test_low_memory_bf16_load_equals_from_pretrained(tiny_model):
+    """A bf16 load (LoRA's frozen base) reads the fp32 file tensor by tensor: same weights as from_pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from cpu_grpo.models import load_model
+
+    model, _ = load_model(tiny_model, log=lambda *a: None, dtype=torch.bfloat16)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+    mine, theirs = model.state_dict(), ref.state_dict()
+    assert set(mine) == set(theirs)
+    assert all(mine[k].dtype == torch.bfloat16 and torch.equal(mine[k], theirs[k]) for k in theirs)
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(model(ids).logits, ref.eval()(ids).logits)

@@ -186,28 +186,34 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     return _rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm)
 
 
-def fuse_projections(net) -> list[tuple[Tensor, Tensor | None, Tensor]]:
+def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tensor | None, Tensor]]:
     """Per layer (Wqkv, bqkv or None, Wgate_up): one buffer each, with the modules' weights made views into it.
 
     For a frozen copy (the sampler's): a decode step then runs two matmuls where it ran five, and copying new
-    weights into the modules (Sampler.refresh) updates the fused buffers too. No extra memory.
+    weights into the modules (Sampler.refresh) updates the fused buffers too. No extra memory. With `shapes`
+    (id of a released, empty parameter -> its shape) the buffers are allocated empty instead of concatenated.
     """
     fused = []
     for layer in net.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        wqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
-        bqkv = _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias") if attn.q_proj.bias is not None else None
-        fused.append((wqkv, bqkv, _fuse([mlp.gate_proj, mlp.up_proj], "weight")))
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        wqkv = _fuse(qkv, "weight", shapes)
+        bqkv = _fuse(qkv, "bias", shapes) if attn.q_proj.bias is not None else None
+        fused.append((wqkv, bqkv, _fuse([mlp.gate_proj, mlp.up_proj], "weight", shapes)))
     return fused
 
 
-def _fuse(modules, name: str) -> Tensor:
-    buf = torch.cat([getattr(m, name).detach() for m in modules])
+def _fuse(modules, name: str, shapes: dict | None) -> Tensor:
+    ws = [getattr(m, name) for m in modules]
+    dims = [shapes[id(w)] if shapes else w.shape for w in ws]
+    if shapes:
+        buf = torch.empty((sum(d[0] for d in dims), *dims[0][1:]), dtype=ws[0].dtype)
+    else:
+        buf = torch.cat([w.detach() for w in ws])
     start = 0
-    for m in modules:
-        size = getattr(m, name).shape[0]
-        setattr(m, name, torch.nn.Parameter(buf[start:start + size], requires_grad=False))
-        start += size
+    for m, d in zip(modules, dims, strict=True):
+        setattr(m, name, torch.nn.Parameter(buf[start:start + d[0]], requires_grad=False))
+        start += d[0]
     return buf
 
 

@@ -15,6 +15,7 @@ Other architectures fall back to `model.generate` on the bf16 copy.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import torch
@@ -55,10 +56,11 @@ class Sampler:
     @torch.no_grad()
     def refresh(self) -> None:
         """Copy the current policy weights (LoRA deltas merged) into the rollout copy."""
-        if self.released is not None:
+        if self.released is not None:  # fused buffers first, then the rest: nothing allocated twice
+            self.fused = fuse_projections(self.net, self.released) if self.fast else None
             for p in self.net.parameters():
-                p.data = torch.empty(self.released[id(p)], dtype=p.dtype)
-            self.fused = fuse_projections(self.net) if self.fast else None
+                if p.numel() == 0:  # not fused: the same (empty) parameter object as at release
+                    p.data = torch.empty(self.released[id(p)], dtype=p.dtype)
             self.released = None
         # every name of a shared tensor (tied embeddings): the copy may or may not share it as the policy does
         mine = dict(self.net.named_parameters(remove_duplicate=False))
@@ -69,7 +71,7 @@ class Sampler:
             raise ValueError(f"the rollout copy has weights the policy lacks: {sorted(missing)[:3]}")
         for plain, p in theirs.items():
             if plain in mine:
-                mine[plain].copy_(p + deltas[plain] if plain in deltas else p)
+                mine[plain].copy_(p + deltas[plain]() if plain in deltas else p)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], group_size: int, max_new_tokens: int, eos_ids: list[int],
@@ -117,15 +119,20 @@ def _unwrap_lora(net):
     return net
 
 
-def _lora_deltas(model) -> dict[str, Tensor]:
+def _lora_deltas(model) -> dict:
+    """Weight name -> a function computing its LoRA delta: one full-size delta exists at a time (all of them at
+    once would be the size of the model in fp32)."""
     out = {}
     if not hasattr(model, "get_base_model"):
         return out
     for name, module in model.named_modules():
         if hasattr(module, "get_delta_weight") and hasattr(module, "active_adapters"):
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            out[_plain_name(name) + ".weight"] = delta
+            out[_plain_name(name) + ".weight"] = functools.partial(_delta, module)
     return out
+
+
+def _delta(module) -> Tensor:
+    return sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:

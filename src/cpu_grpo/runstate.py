@@ -45,12 +45,12 @@ def make_optimizer(cfg: TrainConfig, model):
 
 
 def prepare_model(cfg: TrainConfig, log):
-    model, tok = load_model(cfg.model, cfg.trust_remote_code, log=log)
+    # LoRA: the frozen weights need no fp32 master (half the memory, no casts); loaded in bf16 straight away
+    low = cfg.use_lora and cfg.bf16 and bf16_supported()
+    model, tok = load_model(cfg.model, cfg.trust_remote_code, log=log, dtype=torch.bfloat16 if low else None)
     if cfg.use_lora:
         from peft import LoraConfig, get_peft_model
 
-        if cfg.bf16 and bf16_supported():  # frozen weights need no fp32 master: half the memory, no casts
-            model = model.to(torch.bfloat16)
         model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"),
                                autocast_adapter_dtype=True)  # the adapters themselves stay fp32

@@ -1,0 +1,39 @@
+"""RSS after each phase of building a LoRA run on a 0.5B model: where the peak comes from.
+
+    .venv/bin/python bench/dev/lora_memory.py MODEL_DIR_OR_GGUF
+"""
+
+import resource
+import sys
+
+import psutil
+import torch
+
+from cpu_grpo.config import TrainConfig
+from cpu_grpo.models import keep_freed_memory, set_threads
+from cpu_grpo.rollout import Sampler, encode_prompts
+from cpu_grpo.runstate import prepare_model
+
+set_threads()
+keep_freed_memory()
+proc = psutil.Process()
+
+
+def rss(tag):
+    print(f"{tag}: rss {proc.memory_info().rss / 2**20:.0f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
+          flush=True)
+
+
+rss("start")
+cfg = TrainConfig(model=sys.argv[1], use_lora=True)
+model, tok = prepare_model(cfg, log=lambda *a: None)
+rss("model (LoRA, base in bf16)")
+sampler = Sampler(model)
+rss("sampler")
+prompts = encode_prompts(tok, ["What is 2 + 3?"] * 4)
+sampler.generate(prompts, 4, 32, [], tok.pad_token_id, 1.0, 0, 1.0, torch.Generator().manual_seed(0))
+rss("rollout 4 x 4 x 32")
+sampler.release()
+rss("released")
+sampler.refresh()
+rss("refreshed")
