@@ -213,3 +213,22 @@ def test_extractors_disagree_where_expected():
     # "#### 18" then chatter ending in "2 more": auto reads the marker (18), flexible the last number (2)
     rec = score_completion("#### 18\nI hope this helps with 2 more.", "18", use_math_verify=False)
     assert (rec["correct"], rec["correct_strict"], rec["correct_flexible"]) == (True, True, False)
+
+
+def test_long_chains_without_a_result_do_not_backtrack_exponentially():
+    """A rambling completion ("1 + 1 + 1 + ...", no "=") once hung the evaluation: the space after an operator
+    could be matched two ways, 2^n tries. The alarm turns a hang into a failure."""
+    import signal
+
+    def hang(*_):
+        raise TimeoutError("computations() did not return within 30 s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(30)
+    try:
+        assert computations("1 + " * 60 + "x") == []
+        assert computations("( 1 + " * 60 + "x") == []
+        assert [c.result for c in computations("1 + " * 60 + "1 = 61")] == ["61"]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

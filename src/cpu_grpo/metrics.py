@@ -181,7 +181,7 @@ def lm_eval_flexible_extract(completion: str, gold: str) -> bool:
 
 # ---------------------------------------------------------------------------- the work
 _NUMBER = r"\$?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)%?"  # "1,234.5", "$18", ".5", "20%"
-_OPERAND = r"\(*[ \t]*" + _NUMBER + r"(?:[ \t]*\))*"
+_OPERAND = r"(?:\([ \t]*)*" + _NUMBER + r"(?:[ \t]*\))*"  # spaces only after "(": one way to match
 _OPERATOR = r"[-+*/×÷xX·]"
 _EXPR = r"(?:(?<![\w)])-)?" + _OPERAND + r"(?:[ \t]*" + _OPERATOR + r"[ \t]*" + _OPERAND + r")+"
 # the result: a number, a fraction "3/4" or a mixed number "3 1/2", complete (no digit, "/" or ",123" after
