@@ -1,22 +1,12 @@
-import time
 import warnings
 
 import torch
+from common import MLP_SHAPES, bench
 
 warnings.filterwarnings("ignore")
-torch.set_num_threads(2)
 
 
-def bench(f, n=10):
-    for _ in range(3):
-        f()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    return (time.perf_counter() - t0) / n
-
-
-shapes = [(3072, 576), (576, 1536)] * 30
+shapes = MLP_SHAPES
 ws = [torch.randn(*s) for s in shapes]
 bw = [w.bfloat16() for w in ws]
 byts = sum(w.numel() for w in ws)

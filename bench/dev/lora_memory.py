@@ -1,6 +1,6 @@
 """RSS after each phase of building a LoRA run on a 0.5B model: where the peak comes from.
 
-    .venv/bin/python bench/dev/lora_memory.py MODEL_DIR_OR_GGUF
+.venv/bin/python bench/dev/lora_memory.py MODEL_DIR_OR_GGUF
 """
 
 import resource
@@ -20,8 +20,10 @@ proc = psutil.Process()
 
 
 def rss(tag):
-    print(f"{tag}: rss {proc.memory_info().rss / 2**20:.0f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
-          flush=True)
+    print(
+        f"{tag}: rss {proc.memory_info().rss / 2**20:.0f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
+        flush=True,
+    )
 
 
 rss("start")

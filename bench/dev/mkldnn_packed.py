@@ -1,20 +1,7 @@
-import time
-
 import torch
+from common import MLP_SHAPES, bench
 
-torch.set_num_threads(2)
-
-
-def bench(f, n=10):
-    for _ in range(3):
-        f()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        f()
-    return (time.perf_counter() - t0) / n
-
-
-shapes = [(3072, 576), (576, 1536)] * 30
+shapes = MLP_SHAPES
 bw = [torch.randn(*s).bfloat16() for s in shapes]
 print([n for n in dir(torch.ops.mkldnn) if "linear" in n or "reorder" in n])
 for M in (1, 8, 32):
