@@ -149,3 +149,62 @@ def test_released_copy_comes_back_with_the_policy_weights(model):
     sampler.release()
     assert all(p.numel() == 0 for p in sampler.net.parameters())
     assert sampler.generate(PROMPTS, 2, 8, [0], 0, temperature=0) == before  # refreshed on demand
+
+
+def _lora(path, dtype):
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+
+
+def _shares(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_lora_is_sampled_unmerged_from_the_policy_itself(tiny_qwen):
+    """LoRA on a base already in the sampling dtype: no copy; greedy equals generate() on the peft model, before
+    and after the adapters change."""
+    model = _lora(tiny_qwen, torch.float32)
+    sampler = Sampler(model, dtype=torch.float32)
+    assert sampler.unmerged and sampler.net is model.get_base_model()
+    eos = model.config.eos_token_id
+    for _ in range(2):
+        sampler.release()  # nothing to free: the next generate() must still see the policy
+        out = sampler.generate(PROMPTS, 2, 12, [eos], model.config.pad_token_id, temperature=0)
+        for i, p in enumerate(PROMPTS):
+            assert out[2 * i] == out[2 * i + 1] == hf_greedy(model, p, 12, eos)
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                if "lora_B" in name:
+                    w.add_(0.3 * torch.randn_like(w))
+        sampler.refresh()
+
+
+def test_lora_copy_shares_the_frozen_base_and_merges_the_adapters(tiny_qwen):
+    """A copy of a LoRA policy (copy=True, or an architecture without the fast path) shares the weights without
+    an adapter (embeddings, output layer, norms) with the policy and merges the adapted ones."""
+    model = _lora(tiny_qwen, torch.bfloat16)
+    assert Sampler(model, dtype=torch.bfloat16).unmerged
+    sampler = Sampler(model, dtype=torch.bfloat16, copy=True)
+    net, inner = sampler.net, model.get_base_model()
+    assert not sampler.unmerged
+    assert _shares(net.model.embed_tokens.weight, inner.model.embed_tokens.weight)
+    assert _shares(net.lm_head.weight, inner.lm_head.weight)
+    assert _shares(net.model.norm.weight, inner.model.norm.weight)
+    q_copy, q_base = net.model.layers[0].self_attn.q_proj.weight, inner.model.layers[0].self_attn.q_proj
+    assert not _shares(q_copy, q_base.base_layer.weight)
+    assert torch.equal(q_copy, (q_base.base_layer.weight + q_base.get_delta_weight("default")).bfloat16())
+    with torch.no_grad():
+        q_base.lora_B["default"].weight.add_(0.5)
+    sampler.release()
+    sampler.refresh()
+    q_copy = net.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(q_copy, (q_base.base_layer.weight + q_base.get_delta_weight("default")).bfloat16())
+    assert _shares(net.model.embed_tokens.weight, inner.model.embed_tokens.weight)
+
+
+def test_full_fine_tuning_copy_shares_nothing(model):
+    sampler = Sampler(model, dtype=torch.bfloat16)
+    theirs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not any(p.untyped_storage().data_ptr() in theirs for p in sampler.net.parameters())

@@ -7,13 +7,14 @@ import torch
 warnings.filterwarnings("ignore")
 from transformers import AutoModelForCausalLM
 
-from cpu_grpo.llama import cached_forward
+from cpu_grpo.llama import cached_forward, fuse_projections, sampling_projections
 from cpu_grpo.models import resolve_model
 
 torch.set_num_threads(2)
 path = resolve_model("smollm2-135m")
 net = AutoModelForCausalLM.from_pretrained(path).bfloat16().eval()
 cfg = net.config
+projs = sampling_projections(net, fuse_projections(net))
 N = int(sys.argv[1])
 P, T = 100, 128
 hd = cfg.hidden_size // cfg.num_attention_heads
@@ -29,7 +30,7 @@ tok = torch.randint(0, 1000, (N, 1))
 
 
 def step(tok, pos, start):
-    return net.lm_head(cached_forward(net, tok, pos, cache, start, valid))
+    return net.lm_head(cached_forward(net, projs, tok, pos, cache, start, valid))
 
 
 f = torch.compile(step, dynamic=True) if sys.argv[2] == "compile" else step

@@ -16,7 +16,7 @@ comps = [list(range(2000, 2000 + 120 - 8 * j)) for j in range(g)]
 
 def one():
     for s in ((0, 4), (4, 8)):
-        lp, mask = group_logprobs(model, prompts, comps, [0], g, 0, 1.0, autocast=True, samples=s)
+        lp, mask = group_logprobs(model, prompts, comps, [0], g, 0, 1.0, autocast=True, samples=tuple(range(*s)))
         (lp * mask).sum().backward()
 
 

@@ -13,6 +13,7 @@ Modules are called as modules, so LoRA layers (peft) and autocast work unchanged
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -61,13 +62,6 @@ def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> T
     return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
 
 
-def _qkv(attn, h: Tensor, cos: Tensor, sin: Tensor):
-    n, t, _ = h.shape
-    q, k, v = _project(attn, h)
-    return _heads(q, n, t, attn.head_dim, cos, sin), _heads(k, n, t, attn.head_dim, cos, sin), \
-        v.view(n, t, -1, attn.head_dim).transpose(1, 2)
-
-
 def _project(attn, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
 
@@ -112,12 +106,12 @@ def causal_mask(t: int, start: int) -> Tensor:
     return torch.ones(t, start + t, dtype=torch.bool).tril(start)
 
 
-def cached_forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]], start: int,
-                   key_valid: Tensor) -> Tensor:
+def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]],
+                   start: int, key_valid: Tensor) -> Tensor:
     """Run ids (N, T) at positions pos (N, T); write K/V at cache slots [start, start+T); return last hidden (N, H).
 
     cache holds per layer (K transposed (N, Hkv, D, S), V (N, Hkv, S, D)); key_valid (N, S) marks the slots
-    that may be attended to (False for left padding).
+    that may be attended to (False for left padding). projs: the layers' projections (sampling_projections).
     """
     inner = net.model
     n, t = ids.shape
@@ -127,14 +121,20 @@ def cached_forward(net, ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tens
     mask = key_valid[:, None, None, :end] & causal_mask(t, start)
     mask = mask | ~mask.any(-1, keepdim=True)  # a fully padded query row sees everything (its output is unused)
     for i, layer in enumerate(inner.layers):
-        attn = layer.self_attn
-        q, k, v = _qkv(attn, _rms(x, layer.input_layernorm), cos, sin)
+        attn, pj = layer.self_attn, projs[i]
+        d = attn.head_dim
+        nk = cache[i][0].shape[1] * d
+        qkv = pj.qkv(_rms_one(x, layer.input_layernorm))
+        nq = qkv.shape[-1] - 2 * nk
+        q = _heads(qkv[..., :nq], n, t, d, cos, sin)
+        k = _heads(qkv[..., nq:nq + nk], n, t, d, cos, sin)
         kc, vc = cache[i]
         kc[:, :, :, start:end] = k.transpose(-1, -2)
-        vc[:, :, start:end] = v
+        vc[:, :, start:end] = qkv[..., nq + nk:].view(n, t, -1, d).transpose(1, 2)
         a = attention(q, kc[:, :, :, :end], vc[:, :, :end], mask, attn.scaling)
-        x = x + attn.o_proj(a.transpose(1, 2).reshape(n, t, -1))
-        x = _mlp(layer.mlp, x, layer.post_attention_layernorm)
+        x = x + pj.o(a.transpose(1, 2).reshape(n, t, -1))
+        gate, up = pj.gate_up(_rms_one(x, layer.post_attention_layernorm)).chunk(2, dim=-1)
+        x = x + pj.down(layer.mlp.act_fn(gate) * up)
     return _rms(x[:, -1], inner.norm)
 
 
@@ -196,11 +196,64 @@ def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tens
     fused = []
     for layer in net.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        qkv = [_plain(attn.q_proj), _plain(attn.k_proj), _plain(attn.v_proj)]
         wqkv = _fuse(qkv, "weight", shapes)
-        bqkv = _fuse(qkv, "bias", shapes) if attn.q_proj.bias is not None else None
-        fused.append((wqkv, bqkv, _fuse([mlp.gate_proj, mlp.up_proj], "weight", shapes)))
+        bqkv = _fuse(qkv, "bias", shapes) if qkv[0].bias is not None else None
+        fused.append((wqkv, bqkv, _fuse([_plain(mlp.gate_proj), _plain(mlp.up_proj)], "weight", shapes)))
     return fused
+
+
+def _plain(module):
+    """The frozen linear layer under a LoRA wrapper (peft), or the module itself."""
+    return getattr(module, "base_layer", module)
+
+
+class Proj:
+    """A frozen linear map for sampling: x @ w.T + b, plus an optional low-rank term (x @ a.T) @ bb.T (a LoRA
+    adapter kept apart from its base weight, its scaling folded into bb)."""
+
+    __slots__ = ("w", "b", "a", "bb")
+
+    def __init__(self, w: Tensor, b: Tensor | None = None, a: Tensor | None = None, bb: Tensor | None = None):
+        self.w, self.b, self.a, self.bb = w, b, a, bb
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = F.linear(x, self.w, self.b)
+        return y if self.a is None else y + F.linear(F.linear(x, self.a), self.bb)
+
+
+class LayerProjs(NamedTuple):
+    qkv: Proj  # q, k and v stacked
+    o: Proj
+    gate_up: Proj  # gate and up stacked
+    down: Proj
+
+
+def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
+    """Per layer, the four projections a sampling step runs: fused q/k/v and gate/up buffers (fuse_projections),
+    o and down from the modules. `lora(modules)` -> (a, bb) or None gives the low-rank term of a group of
+    modules stacked as one projection (rollout.Sampler, for LoRA sampled unmerged)."""
+    out = []
+    for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = {"qkv": (wqkv, bqkv, [attn.q_proj, attn.k_proj, attn.v_proj]),
+                 "o": (_plain(attn.o_proj).weight, _plain(attn.o_proj).bias, [attn.o_proj]),
+                 "gate_up": (wgu, None, [mlp.gate_proj, mlp.up_proj]),
+                 "down": (_plain(mlp.down_proj).weight, _plain(mlp.down_proj).bias, [mlp.down_proj])}
+        out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or ())) for k, (w, b, mods) in parts.items()}))
+    return out
+
+
+def fused_names(net) -> set[str]:
+    """Names of the parameters that fuse_projections makes views into its buffers."""
+    out = set()
+    for i, layer in enumerate(net.model.layers):
+        for mod, projs in (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))):
+            for proj in projs:
+                for kind in ("weight", "bias"):
+                    if getattr(getattr(getattr(layer, mod), proj), kind, None) is not None:
+                        out.add(f"model.layers.{i}.{mod}.{proj}.{kind}")
+    return out
 
 
 def _fuse(modules, name: str, shapes: dict | None) -> Tensor:
@@ -241,7 +294,7 @@ class PrefixCache:
         self.comp = [(k[keep], v[keep]) for k, v in self.comp]
 
 
-def decode_step(net, fused, cache: PrefixCache, tok: Tensor, pos: Tensor, t: int) -> Tensor:
+def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, pos: Tensor, t: int) -> Tensor:
     """Feed tok (n,) at positions pos (n,) as generated token t of every live row; return last hidden (n, H)."""
     inner = net.model
     n = tok.shape[0]
@@ -251,9 +304,9 @@ def decode_step(net, fused, cache: PrefixCache, tok: Tensor, pos: Tensor, t: int
     cos, sin = _rope_tables(inner.rotary_emb, x, pos[:, None])  # (n, 1, 1, D)
     bias = torch.cat([cache.bias_p[rows // g], torch.zeros(n, t + 1)], dim=-1)[:, None, None]  # (n, 1, 1, P+t+1)
     for i, layer in enumerate(inner.layers):
-        attn, (wqkv, bqkv, wgu) = layer.self_attn, fused[i]
+        attn, pj = layer.self_attn, projs[i]
         d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
-        qkv = F.linear(_rms_one(x, layer.input_layernorm), wqkv, bqkv)
+        qkv = pj.qkv(_rms_one(x, layer.input_layernorm))
         nk = hkv * d
         nq = qkv.shape[1] - 2 * nk
         qk = _rope(qkv[:, :nq + nk].view(n, -1, 1, d), cos, sin)  # q and k heads rotated together
@@ -263,9 +316,9 @@ def decode_step(net, fused, cache: PrefixCache, tok: Tensor, pos: Tensor, t: int
         vc[:, :, t] = qkv[:, nq + nk:].view(n, hkv, d)
         a = _shared_prefix_attention(q, cache.prompt[i], kc[..., :t + 1], vc[:, :, :t + 1], bias, attn.scaling,
                                      rows, b, g, full)
-        x = x + attn.o_proj(a.reshape(n, -1))
-        gate, up = F.linear(_rms_one(x, layer.post_attention_layernorm), wgu).chunk(2, dim=-1)
-        x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        x = x + pj.o(a.reshape(n, -1))
+        gate, up = pj.gate_up(_rms_one(x, layer.post_attention_layernorm)).chunk(2, dim=-1)
+        x = x + pj.down(layer.mlp.act_fn(gate) * up)
     return _rms(x, inner.norm)
 
 

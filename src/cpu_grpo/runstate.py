@@ -100,7 +100,7 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
 def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[Run, object]:
     """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference)."""
     model, tok = prepare_model(cfg, log)
-    ref = Sampler(model, dtype=torch.float32).net if cfg.beta > 0 else None  # frozen base, before any resume
+    ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
     if ckpt is not None:
         model = evaluate.load_weights(model, ckpt)
     autocast = cfg.bf16 and bf16_supported()
