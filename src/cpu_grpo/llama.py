@@ -209,17 +209,19 @@ def _plain(module):
 
 
 class Proj:
-    """A frozen linear map for sampling: x @ w.T + b, plus an optional low-rank term (x @ a.T) @ bb.T (a LoRA
-    adapter kept apart from its base weight, its scaling folded into bb)."""
+    """A frozen linear map for sampling: x @ w.T + b, plus an optional low-rank term (x @ a.T) @ bt (a LoRA
+    adapter kept apart from its base weight: bt is B.T with the scaling folded in), added in place."""
 
-    __slots__ = ("w", "b", "a", "bb")
+    __slots__ = ("w", "b", "a", "bt")
 
-    def __init__(self, w: Tensor, b: Tensor | None = None, a: Tensor | None = None, bb: Tensor | None = None):
-        self.w, self.b, self.a, self.bb = w, b, a, bb
+    def __init__(self, w: Tensor, b: Tensor | None = None, a: Tensor | None = None, bt: Tensor | None = None):
+        self.w, self.b, self.a, self.bt = w, b, a, bt
 
     def __call__(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.w, self.b)
-        return y if self.a is None else y + F.linear(F.linear(x, self.a), self.bb)
+        if self.a is not None:
+            y.view(-1, y.shape[-1]).addmm_(F.linear(x, self.a).view(-1, self.a.shape[0]), self.bt)
+        return y
 
 
 class LayerProjs(NamedTuple):
@@ -231,7 +233,7 @@ class LayerProjs(NamedTuple):
 
 def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
     """Per layer, the four projections a sampling step runs: fused q/k/v and gate/up buffers (fuse_projections),
-    o and down from the modules. `lora(modules)` -> (a, bb) or None gives the low-rank term of a group of
+    o and down from the modules. `lora(modules)` -> (a, bt) or None gives the low-rank term of a group of
     modules stacked as one projection (rollout.Sampler, for LoRA sampled unmerged)."""
     out = []
     for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):

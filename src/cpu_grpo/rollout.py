@@ -172,8 +172,9 @@ def _unmerged_lora(model, dtype: torch.dtype) -> bool:
 
 
 def _lora_term(modules, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
-    """The LoRA term of projections stacked as one (q/k/v, gate/up): (a, bb) with a their A matrices stacked
-    (sum r, in) and bb their B matrices times scaling, block-diagonal (sum out, sum r); None without adapters."""
+    """The LoRA term of projections stacked as one (q/k/v, gate/up): (a, bt) with a their A matrices stacked
+    (sum r, in) and bt their B matrices times scaling, transposed and block-diagonal (sum r, sum out); None
+    without adapters."""
     outs = [getattr(m, "base_layer", m).out_features for m in modules]
     parts = []
     for k, m in enumerate(modules):
@@ -183,13 +184,13 @@ def _lora_term(modules, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
     if not parts:
         return None
     a = torch.cat([pa for _, pa, _ in parts]).to(dtype)
-    bb = torch.zeros(sum(outs), a.shape[0], dtype=dtype)
-    col = 0
+    bt = torch.zeros(a.shape[0], sum(outs), dtype=dtype)
+    row = 0
     for k, pa, pb in parts:
-        row = sum(outs[:k])
-        bb[row:row + outs[k], col:col + pa.shape[0]] = pb
-        col += pa.shape[0]
-    return a, bb
+        col = sum(outs[:k])
+        bt[row:row + pa.shape[0], col:col + outs[k]] = pb.t()
+        row += pa.shape[0]
+    return a, bt
 
 
 def _lora_deltas(model) -> dict:
