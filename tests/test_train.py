@@ -114,3 +114,33 @@ def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
     ckpt = checkpoint.latest(out)
     assert ckpt is not None and (ckpt / "model.safetensors").exists()
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no half-written dir
+
+
+def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tmp_path, reward_file, monkeypatch):
+    """An allocation failure in the update (injected for micro-batches over 4 sequences) is retried at half the
+    size: the run ends with the same weights as a run that used 4 from the start, and says what happened."""
+    import cpu_grpo.train as train_mod
+
+    real = train_mod.group_logprobs
+
+    def fails_when_large(model, prompts, completions, groups, g, *args, **kw):
+        samples = kw.get("samples") or (args[4] if len(args) > 4 else None) or tuple(range(g))
+        if torch.is_grad_enabled() and len(groups) * len(samples) > 4:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes.")
+        return real(model, prompts, completions, groups, g, *args, **kw)
+
+    plain = tmp_path / "plain"
+    train(tiny_cfg(tiny_model, plain, reward_file, eval_size=0, steps=2, micro_batch_size=4), log=lambda *a: None)
+    monkeypatch.setattr(train_mod, "group_logprobs", fails_when_large)
+    lines = []
+    retried = tmp_path / "retried"
+    train(tiny_cfg(tiny_model, retried, reward_file, eval_size=0, steps=2, micro_batch_size=8), log=lines.append)
+    assert sum("out of memory with 8 sequences a micro-batch" in str(x) for x in lines) == 2  # once a step
+    assert [m["micro_batch_size"] for m in read_jsonl(retried / "metrics.jsonl")] == [4, 4]
+    a = load_file(checkpoint.latest(plain) / "model.safetensors")
+    b = load_file(checkpoint.latest(retried) / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    monkeypatch.setattr(train_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):  # any other error is not retried
+        train(tiny_cfg(tiny_model, tmp_path / "other", reward_file, eval_size=0, steps=1), log=lambda *a: None)

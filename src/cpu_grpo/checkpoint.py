@@ -8,6 +8,7 @@ runs/<name>/checkpoints/step-000020/
   STAGE_END                 (the stage's name, in the checkpoint that ends a curriculum stage; kept forever)
 A checkpoint is written to a hidden temporary directory and renamed when complete, so a crash mid-save
 never leaves something that looks complete. Directories starting with '.' are ignored by `latest`.
+torch is imported where it is used, so that the web app lists checkpoints without loading it.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import config as config_mod
+
+if TYPE_CHECKING:
+    import torch
 
 STATE_FILE = "trainer_state.pt"
 STAGE_FILE = "STAGE_END"
@@ -46,6 +49,8 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
             extra(tmp)
         if tag:
             (tmp / STAGE_FILE).write_text(tag + "\n")
+        import torch
+
         torch.save({**state, "step": step, "tag": tag}, tmp / STATE_FILE)
         if final.exists():
             shutil.rmtree(final)
@@ -72,13 +77,19 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def load_state(ckpt: Path) -> dict:
+    import torch
+
     return torch.load(ckpt / STATE_FILE, weights_only=False)
 
 
 def rng_state(generator: torch.Generator) -> dict:
+    import torch
+
     return {"torch": torch.get_rng_state(), "sampler": generator.get_state()}
 
 
 def restore_rng(state: dict, generator: torch.Generator) -> None:
+    import torch
+
     torch.set_rng_state(state["torch"])
     generator.set_state(state["sampler"])

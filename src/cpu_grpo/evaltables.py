@@ -93,13 +93,13 @@ def _entry(key: str, before: list[dict], after: list[dict] | None) -> dict | Non
     return entry
 
 
-def metric_summary(before: list[dict], after: list[dict] | None = None) -> dict:
-    """{level: {metric: {"before", ["after", "delta"]}}} for every metric present in the records."""
+def metric_summary(before: list[dict], after: list[dict] | None = None, keys=(*RATES, *MEANS)) -> dict:
+    """{level: {metric: {"before", ["after", "delta"]}}} for every metric of `keys` present in the records."""
     after_levels = by_level(after) if after is not None else {}
     out = {}
     for level, recs in by_level(before).items():
         level_after = after_levels.get(level, []) if after is not None else None
-        entries = {key: _entry(key, recs, level_after) for key in (*RATES, *MEANS)}
+        entries = {key: _entry(key, recs, level_after) for key in keys}
         out[level] = {k: e for k, e in entries.items() if e is not None}
     return out
 

@@ -87,19 +87,18 @@ by_level = evaltables.by_level
 
 def compare(before: list[dict], after: list[dict]) -> dict:
     """Per level: before/after accuracy with Wilson intervals, paired difference with bootstrap CI and McNemar."""
-    result = {}
-    after_by_id = {r["id"]: r for r in after}
-    for level, recs in by_level(before).items():
-        pairs = [(r["correct"], after_by_id[r["id"]]["correct"]) for r in recs if r["id"] in after_by_id]
-        entry = {"before": stats.accuracy_summary([r["correct"] for r in recs])}
-        if pairs:
-            b, a = zip(*pairs, strict=True)
-            entry["after"] = stats.accuracy_summary(list(a))
-            cmp = stats.paired_comparison(list(b), list(a))
-            entry["delta"] = {"diff": cmp["diff"], "ci95": cmp["ci95"], "p_value": cmp["p_value"],
-                              "significant": cmp["significant"], "sentence": stats.significance_sentence(cmp, level)}
-        result[level] = entry
-    return result
+    return accuracy_levels(evaltables.metric_summary(before, after, keys=("correct",)))
+
+
+def accuracy_levels(metrics: dict) -> dict:
+    """The accuracy entries of a metric summary (evaltables.metric_summary), each change with its sentence."""
+    out = {}
+    for level, entries in metrics.items():
+        entry = dict(entries["correct"])
+        if "delta" in entry:
+            entry["delta"] = {**entry["delta"], "sentence": stats.significance_sentence(entry["delta"], level)}
+        out[level] = entry
+    return out
 
 
 def table(levels: dict) -> str:
@@ -125,14 +124,15 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print) -> dict:
     from .report import write_report
 
     before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
-    levels = compare(before, after) if before else {}
+    metrics = evaltables.metric_summary(before, after or None) if before else {}
+    levels = accuracy_levels(metrics)
     from .config import plan
 
     stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
               for st in plan(cfg)]
     summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
                "steps": steps, "wall_seconds": round(wall, 1),
-               "levels": levels, "metrics": evaltables.metric_summary(before, after or None) if before else {}}
+               "levels": levels, "metrics": metrics}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     report = write_report(run, cfg, summary)
     if levels:

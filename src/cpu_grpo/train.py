@@ -218,38 +218,18 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 lengths = [len(c) for c in completions]
                 mb = cfg.micro_batch_size or auto_micro_rows(model, max(len(p) for p in prompts),
                                                              max(len(c) for c in completions), g)
-                fixed = {}  # old and reference log-probs, computed once before the updates
-                if cfg.num_iterations > 1 or ref is not None:
-                    with torch.no_grad():
-                        for part, samples in micro_batches(groups, g, mb, lengths):
-                            if cfg.num_iterations > 1:
-                                fixed[part, samples, "old"] = group_logprobs(
-                                    model, prompts, completions, part, g, pad, cfg.temperature, r.autocast,
-                                    samples=samples)[0]
-                            if ref is not None:
-                                fixed[part, samples, "ref"] = group_logprobs(
-                                    ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast,
-                                    samples=samples)[0]
-                sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0}
-                grad_norm = torch.tensor(0.0)
-                for _ in range(cfg.num_iterations):
+                batch_data = (prompts, completions, groups, adv, norm, lengths, pad)
+                while True:  # out of memory before the first optimizer step: again at half the micro-batch
+                    stepped: list[bool] = []
+                    try:
+                        sums, grad_norm = _update(r, ref, batch_data, mb, stepped)
+                        break
+                    except (RuntimeError, MemoryError) as e:
+                        if stepped or mb <= 1 or not _out_of_memory(e):
+                            raise
                     r.opt.zero_grad(set_to_none=True)
-                    for part, samples in micro_batches(groups, g, mb, lengths):
-                        logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
-                                                    r.autocast, cfg.gradient_checkpointing, samples)
-                        rows = [i * g + j for i in part for j in samples]
-                        loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
-                                             fixed.get((part, samples, "ref")), adv[rows], mask, norm,
-                                             cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
-                        loss.backward()
-                        sums["loss"] += loss.item() / cfg.num_iterations
-                        for key, v in st.items():
-                            sums[key] += v / cfg.num_iterations
-                    # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC)
-                    sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda) / cfg.num_iterations
-                    if groups or r.ewc.fisher and cfg.ewc_lambda:
-                        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
-                        r.opt.step()
+                    log(f"out of memory with {mb} sequences a micro-batch: this update again with {mb // 2}")
+                    mb //= 2
                 r.sched.step()
                 sampler.refresh()
                 r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
@@ -312,6 +292,51 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log)
     write_status(run_dir, state="finished", step=r.step)
     return run_dir
+
+
+def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, torch.Tensor]:
+    """One step's update: old/reference log-probs when needed, then num_iterations optimizer steps over
+    micro-batches of `mb` sequences (appending to `stepped` at each). Returns loss statistics and grad norm."""
+    cfg, model = r.cfg, r.model
+    prompts, completions, groups, adv, norm, lengths, pad = batch_data
+    g = cfg.num_generations
+    fixed = {}  # old and reference log-probs, computed once before the updates
+    if cfg.num_iterations > 1 or ref is not None:
+        with torch.no_grad():
+            for part, samples in micro_batches(groups, g, mb, lengths):
+                if cfg.num_iterations > 1:
+                    fixed[part, samples, "old"] = group_logprobs(
+                        model, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
+                if ref is not None:
+                    fixed[part, samples, "ref"] = group_logprobs(
+                        ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
+    sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0}
+    grad_norm = torch.tensor(0.0)
+    for _ in range(cfg.num_iterations):
+        r.opt.zero_grad(set_to_none=True)
+        for part, samples in micro_batches(groups, g, mb, lengths):
+            logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
+                                        r.autocast, cfg.gradient_checkpointing, samples)
+            rows = [i * g + j for i in part for j in samples]
+            loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
+                                 fixed.get((part, samples, "ref")), adv[rows], mask, norm,
+                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
+            loss.backward()
+            sums["loss"] += loss.item() / cfg.num_iterations
+            for key, v in st.items():
+                sums[key] += v / cfg.num_iterations
+        # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC)
+        sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda) / cfg.num_iterations
+        if groups or r.ewc.fisher and cfg.ewc_lambda:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+            r.opt.step()
+            stepped.append(True)
+    return sums, grad_norm
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return (isinstance(e, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+            or "out of memory" in str(e).lower())
 
 
 def _log_groups(run: Path, step, stage, batch, texts, per_fn, total, adv, g):

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import tracking
+from .. import checkpoint, tracking
 from ..tracking import read_jsonl
 
 MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
@@ -93,8 +93,7 @@ def attach(root: Path) -> Path | None:
 
 def checkpoints(run: Path) -> list[Path]:
     """Complete checkpoints of a run (they hold trainer_state.pt), newest first."""
-    found = [p for p in (Path(run) / "checkpoints").glob("step-*") if (p / "trainer_state.pt").exists()]
-    return sorted(found, key=lambda p: p.name, reverse=True)
+    return checkpoint.complete(Path(run) / "checkpoints")[::-1]
 
 
 def base_model(run: Path) -> str:
