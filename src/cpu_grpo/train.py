@@ -182,6 +182,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
             log(f"evaluating the base model on {len(eval_set)} held-out problems ...")
             evaluate.run_eval(sampler, tok, eval_set, cfg, run_dir / "eval_before.jsonl", r.stops, log)
             curriculum.write_forgetting(run_dir, cfg)
+        mb_cap = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
         for k, stage in enumerate(stages):
             if k < r.stage_index:
                 continue
@@ -218,6 +219,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 lengths = [len(c) for c in completions]
                 mb = cfg.micro_batch_size or auto_micro_rows(model, max(len(p) for p in prompts),
                                                              max(len(c) for c in completions), g)
+                mb = min(mb, mb_cap or mb)
                 batch_data = (prompts, completions, groups, adv, norm, lengths, pad)
                 while True:  # out of memory before the first optimizer step: again at half the micro-batch
                     stepped: list[bool] = []
@@ -228,8 +230,9 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                         if stepped or mb <= 1 or not _out_of_memory(e):
                             raise
                     r.opt.zero_grad(set_to_none=True)
-                    log(f"out of memory with {mb} sequences a micro-batch: this update again with {mb // 2}")
-                    mb //= 2
+                    log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the "
+                        f"run, with {mb // 2}")
+                    mb = mb_cap = mb // 2
                 r.sched.step()
                 sampler.refresh()
                 r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
