@@ -286,8 +286,8 @@ class PrefixCache:
         self.b, self.g = b, g
         kp, vp = prompt_cache[0]
         hkv, d = kp.shape[1], kp.shape[2]
-        self.comp = [(torch.empty(b * g, hkv, d, max_new, dtype=kp.dtype),
-                      torch.empty(b * g, hkv, max_new, d, dtype=vp.dtype)) for _ in prompt_cache]
+        self.comp = [(torch.zeros(b * g, hkv, d, max_new, dtype=kp.dtype),  # zeros: unwritten slots stay finite
+                      torch.zeros(b * g, hkv, max_new, d, dtype=vp.dtype)) for _ in prompt_cache]
         self.bias_p = torch.zeros(prompt_valid.shape).masked_fill_(~prompt_valid, -math.inf)  # (b, P)
         self.rows = torch.arange(b * g)
 
@@ -304,7 +304,9 @@ def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, p
     full = n == b * g
     x = inner.embed_tokens(tok)  # (n, H)
     cos, sin = _rope_tables(inner.rotary_emb, x, pos[:, None])  # (n, 1, 1, D)
-    bias = torch.cat([cache.bias_p[rows // g], torch.zeros(n, t + 1)], dim=-1)[:, None, None]  # (n, 1, 1, P+t+1)
+    t_max = cache.comp[0][1].shape[2]
+    own = torch.zeros(t_max).masked_fill_(torch.arange(t_max) > t, -math.inf)  # slots written so far: 0..t
+    bias = torch.cat([cache.bias_p[rows // g], own.expand(n, t_max)], dim=-1)[:, None, None]  # (n, 1, 1, P+T)
     for i, layer in enumerate(inner.layers):
         attn, pj = layer.self_attn, projs[i]
         d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
@@ -316,7 +318,7 @@ def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, p
         kc, vc = cache.comp[i]
         kc[:, :, :, t] = k
         vc[:, :, t] = qkv[:, nq + nk:].view(n, hkv, d)
-        a = _shared_prefix_attention(q, cache.prompt[i], kc[..., :t + 1], vc[:, :, :t + 1], bias, attn.scaling,
+        a = _shared_prefix_attention(q, cache.prompt[i], kc, vc, bias, attn.scaling,
                                      rows, b, g, full)
         x = x + pj.o(a.reshape(n, -1))
         gate, up = pj.gate_up(_rms_one(x, layer.post_attention_layernorm)).chunk(2, dim=-1)
