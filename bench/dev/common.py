@@ -1,7 +1,10 @@
-"""What the weight-streaming scripts share: the timer and the 30 layers of SmolLM2-135M MLP weight shapes."""
+"""What the dev scripts share: the timer and the 30 layers of SmolLM2-135M MLP weight shapes (weight-streaming
+scripts), and the RSS line (memory scripts)."""
 
+import resource
 import time
 
+import psutil
 import torch
 
 torch.set_num_threads(2)
@@ -16,3 +19,9 @@ def bench(f, n=10):
     for _ in range(n):
         f()
     return (time.perf_counter() - t0) / n
+
+
+def rss(tag):
+    """Print the process's RSS now and its peak so far."""
+    now = psutil.Process().memory_info().rss / 2**20
+    print(f"{tag}: rss {now:.0f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB", flush=True)

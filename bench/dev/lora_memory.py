@@ -3,11 +3,10 @@
 .venv/bin/python bench/dev/lora_memory.py MODEL_DIR_OR_GGUF
 """
 
-import resource
 import sys
 
-import psutil
 import torch
+from common import rss
 
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.models import keep_freed_memory, set_threads
@@ -16,14 +15,6 @@ from cpu_grpo.runstate import prepare_model
 
 set_threads()
 keep_freed_memory()
-proc = psutil.Process()
-
-
-def rss(tag):
-    print(
-        f"{tag}: rss {proc.memory_info().rss / 2**20:.0f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
-        flush=True,
-    )
 
 
 rss("start")

@@ -1,8 +1,7 @@
 import os
-import resource
 
-import psutil
 import torch
+from common import rss
 
 from cpu_grpo import tasks
 from cpu_grpo.batching import group_logprobs
@@ -13,14 +12,6 @@ from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
 set_threads()
 if not os.environ.get("NOMALLOPT"):
     keep_freed_memory()
-proc = psutil.Process()
-
-
-def rss(tag):
-    print(
-        f"{tag}: rss {proc.memory_info().rss / 2**20:.0f} MB  peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
-        flush=True,
-    )
 
 
 model, tok = load_model("smollm2-135m", log=lambda *a: None)

@@ -186,6 +186,10 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     return _rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm)
 
 
+# the projections fuse_projections stacks into one buffer each: (parent module, names)
+FUSED = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
 def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tensor | None, Tensor]]:
     """Per layer (Wqkv, bqkv or None, Wgate_up): one buffer each, with the modules' weights made views into it.
 
@@ -195,15 +199,15 @@ def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tens
     """
     fused = []
     for layer in net.model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv = [_plain(attn.q_proj), _plain(attn.k_proj), _plain(attn.v_proj)]
+        qkv, gate_up = ([plain_layer(getattr(getattr(layer, parent), name)) for name in names]
+                        for parent, names in FUSED)
         wqkv = _fuse(qkv, "weight", shapes)
         bqkv = _fuse(qkv, "bias", shapes) if qkv[0].bias is not None else None
-        fused.append((wqkv, bqkv, _fuse([_plain(mlp.gate_proj), _plain(mlp.up_proj)], "weight", shapes)))
+        fused.append((wqkv, bqkv, _fuse(gate_up, "weight", shapes)))
     return fused
 
 
-def _plain(module):
+def plain_layer(module):
     """The frozen linear layer under a LoRA wrapper (peft), or the module itself."""
     return getattr(module, "base_layer", module)
 
@@ -239,23 +243,18 @@ def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
     for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         parts = {"qkv": (wqkv, bqkv, [attn.q_proj, attn.k_proj, attn.v_proj]),
-                 "o": (_plain(attn.o_proj).weight, _plain(attn.o_proj).bias, [attn.o_proj]),
+                 "o": (plain_layer(attn.o_proj).weight, plain_layer(attn.o_proj).bias, [attn.o_proj]),
                  "gate_up": (wgu, None, [mlp.gate_proj, mlp.up_proj]),
-                 "down": (_plain(mlp.down_proj).weight, _plain(mlp.down_proj).bias, [mlp.down_proj])}
+                 "down": (plain_layer(mlp.down_proj).weight, plain_layer(mlp.down_proj).bias, [mlp.down_proj])}
         out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or ())) for k, (w, b, mods) in parts.items()}))
     return out
 
 
 def fused_names(net) -> set[str]:
     """Names of the parameters that fuse_projections makes views into its buffers."""
-    out = set()
-    for i, layer in enumerate(net.model.layers):
-        for mod, projs in (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))):
-            for proj in projs:
-                for kind in ("weight", "bias"):
-                    if getattr(getattr(getattr(layer, mod), proj), kind, None) is not None:
-                        out.add(f"model.layers.{i}.{mod}.{proj}.{kind}")
-    return out
+    return {f"model.layers.{i}.{parent}.{name}.{kind}"
+            for i, layer in enumerate(net.model.layers) for parent, names in FUSED for name in names
+            for kind in ("weight", "bias") if getattr(getattr(getattr(layer, parent), name), kind, None) is not None}
 
 
 def _fuse(modules, name: str, shapes: dict | None) -> Tensor:

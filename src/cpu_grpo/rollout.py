@@ -29,6 +29,7 @@ from .llama import (
     decode_step,
     fuse_projections,
     fused_names,
+    plain_layer,
     sampling_projections,
     supports,
 )
@@ -49,6 +50,7 @@ class Sampler:
         self.policy = model
         self.dtype = dtype
         self.unmerged = not copy and fast and supports(base) and _unmerged_lora(model, dtype)
+        self.fused_names: set[str] = set()  # the copy's weights that are views into fused buffers
         if self.unmerged:
             self.net, self.fast = base, True
             self.fused = fuse_projections(base)  # the base's frozen q/k/v and gate/up become views into these
@@ -58,7 +60,7 @@ class Sampler:
                 p.requires_grad_(False)
             self.fast = fast and supports(self.net)
             self.fused = fuse_projections(self.net) if self.fast else None
-        self.fused_names = fused_names(self.net) if self.fast else set()
+            self.fused_names = fused_names(self.net) if self.fast else set()
         self.projs = None
         self.released: dict | None = None
         self.refresh()
@@ -175,7 +177,7 @@ def _lora_term(modules, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
     """The LoRA term of projections stacked as one (q/k/v, gate/up): (a, bt) with a their A matrices stacked
     (sum r, in) and bt their B matrices times scaling, transposed and block-diagonal (sum r, sum out); None
     without adapters."""
-    outs = [getattr(m, "base_layer", m).out_features for m in modules]
+    outs = [plain_layer(m).out_features for m in modules]
     parts = []
     for k, m in enumerate(modules):
         if hasattr(m, "lora_A"):
