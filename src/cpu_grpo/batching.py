@@ -63,21 +63,44 @@ def micro_batches(groups: list[int], g: int, rows: int, lengths: list[int] | Non
             yield (i,), tuple(order[lo:hi])
 
 
-def auto_micro_rows(model, prompt_len: int, completion_len: int, g: int, budget: float = 0.75e9) -> int:
-    """Sequences per forward/backward so that the activations kept for the backward fit `budget` bytes
-    (and a quarter of the free memory).
+def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, groups: int = 1) -> float:
+    """Bytes the training forward (llama.group_forward under bf16 autocast, then token_logprobs) keeps for the
+    backward: `rows` completions of `completion_len` tokens from `groups` prompts of `prompt_len` tokens.
 
-    Measured for SmolLM2-135M under bf16 autocast (llama.group_forward): 1.27 GB kept for one group of
-    8 x 128 completion tokens + 80 prompt tokens, i.e. ~67 bytes per token, layer and hidden unit.
-    Whole groups while they fit, else parts of a group (each part runs the prompt again: ~5% slower for halves
-    here, for half the activation memory).
+    Counted from what the code saves, per token and layer: the fp32 residual and its normalised copy at both
+    norms (16 H), the bf16 inputs of the projections (4 H), q and k around the rotary embedding (6 q + 4 kv),
+    the attention output (2 q), gate, up and their product (6 I); per completion row and layer, the prompt's
+    keys and values repeated for the row and the attention probabilities; per completion token, the final norm
+    and the lm_head's input (10 H); the lm_head's softmax if it fits in 256 MB. Within 3-6% of the allocations
+    measured on small models (tests/test_batching.py) and on real shapes (bench/dev/activation_bytes.py).
+    Models off the llama fast path, and training without autocast, keep more.
+    """
+    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    token = layers * (20 * h + 6 * i + 8 * q + 4 * kv)
+    seq = prompt_len + completion_len
+    row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * cfg.num_attention_heads * completion_len)
+    prompt = prompt_len * token + layers * 2 * cfg.num_attention_heads * prompt_len**2
+    probs = rows * completion_len * cfg.vocab_size * 2  # kept only when it fits (grpo.token_logprobs)
+    return rows * row + groups * prompt + (probs if probs <= 256 * 2**20 else 0)
+
+
+def auto_micro_rows(model, prompt_len: int, completion_len: int, g: int, budget: float = 0.75e9) -> int:
+    """Sequences per forward/backward so that the activations kept for the backward (`activation_bytes`) fit
+    `budget` bytes (and a quarter of the free memory). Whole groups while they fit, else parts of a group (each
+    part runs the prompt again: ~5% slower for halves on SmolLM2-135M, for half the activation memory).
     """
     import psutil
 
     cfg = model.config
-    per_token = cfg.num_hidden_layers * cfg.hidden_size * 67
     budget = min(psutil.virtual_memory().available * 0.25, budget)
-    group_tokens = prompt_len + g * completion_len
-    if group_tokens * per_token <= budget:
-        return g * max(1, int(budget // (group_tokens * per_token)))
-    return max(1, int((budget / per_token - prompt_len) // max(1, completion_len)))
+    if activation_bytes(cfg, prompt_len, completion_len, g) <= budget:
+        k = 1
+        while activation_bytes(cfg, prompt_len, completion_len, (k + 1) * g, k + 1) <= budget:
+            k += 1
+        return g * k
+    rows = g - 1
+    while rows > 1 and activation_bytes(cfg, prompt_len, completion_len, rows) > budget:
+        rows -= 1
+    return rows

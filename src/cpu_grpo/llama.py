@@ -63,7 +63,14 @@ def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> T
 
 
 def _project(attn, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    h = _autocast_input(h)
     return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+
+def _autocast_input(h: Tensor) -> Tensor:
+    """h cast once to autocast's dtype for the projections that share it: autocast would cast it in each of them,
+    and each cast copy is kept for the backward."""
+    return h.to(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else h
 
 
 def _heads(x: Tensor, n: int, t: int, d: int, cos: Tensor, sin: Tensor) -> Tensor:
@@ -71,7 +78,7 @@ def _heads(x: Tensor, n: int, t: int, d: int, cos: Tensor, sin: Tensor) -> Tenso
 
 
 def _mlp(mlp, x: Tensor, ln) -> Tensor:
-    h = _rms(x, ln)
+    h = _autocast_input(_rms(x, ln))
     gate, up = mlp.gate_proj(h), mlp.up_proj(h)
     act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(mlp.act_fn) else mlp.act_fn(gate) * up
     return x + mlp.down_proj(act)
