@@ -66,6 +66,18 @@ def test_group_advantages_group_size_one():
     assert stats["frac_zero_std"] == 1.0
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_all_equal_groups_get_exactly_zero_advantages(scale):
+    # 0.2 is not exact in binary: the mean of eight 0.2s, or of 1.0 * 0 + 0.2 * 0.75 sums, differs from each
+    # value by float noise, which divided by std + eps would come out ~1e-4, not 0, and the group would be trained
+    weighted = torch.tensor([0.0] * 8) * 1.0 + torch.tensor([0.75] * 8) * 0.2
+    rewards = torch.cat([torch.full((8,), 0.2), weighted, torch.tensor([1.0] + [0.0] * 7)])
+    adv, stats = group_advantages(rewards, 8, scale)
+    assert (adv[:16] == 0).all()
+    assert (adv[16:] != 0).all()
+    assert stats["frac_zero_std"] == pytest.approx(2 / 3)
+
+
 def test_group_advantages_invalid_scale():
     with pytest.raises(ValueError, match="'group', 'batch' or 'none'"):
         group_advantages(REWARDS, 4, "std")

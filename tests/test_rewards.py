@@ -158,6 +158,9 @@ def test_correctness_reward_misaligned_columns():
         ("3 + 4 = 7\n#### 7 apples", 0.75),  # words after the marker
         ("#### 7\n3 + 4 = 7", 0.5),  # work only after the marker; a digit after it
         ("#### 7", 0.75),  # no work
+        ("3 + 4 = 7\n#### 7\n#### \n#### \n#### ", 0.75),  # bare '####' lines after the answer: it never ends
+        ("3 + 4 = 7\n#### 7 #", 0.75),
+        ("3 + 4 = 7\n**#### 7**.\n", 1.0),  # markdown and a full stop close the answer
         ("####", 0.0),  # no number
         ("3 + 4 = 7", 0.25),  # work, no marker
         ("3 + 4 is 7", 0.0),  # no '='

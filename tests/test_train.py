@@ -24,7 +24,8 @@ from cpu_grpo.train import train
 def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
                   max_new_tokens=12, eval_size=6, eval_max_new_tokens=8, save_every=2,
-                  rewards=[f"{reward}:length_reward"], reward_weights=[1.0], learning_rate=1e-3, train_size=50)
+                  rewards=[f"{reward}:length_reward"], reward_weights=[1.0], learning_rate=1e-3, train_size=50,
+                  score_truncated=True)  # the random model never ends a completion
     values.update(kw)
     return config.build(None, None, values)
 
@@ -145,3 +146,27 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     monkeypatch.setattr(train_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):  # any other error is not retried
         train(tiny_cfg(tiny_model, tmp_path / "other", reward_file, eval_size=0, steps=1), log=lambda *a: None)
+
+
+def test_truncated_completions_score_zero_unless_asked():
+    from cpu_grpo.rewards import RewardError, correctness_reward, format_reward
+    from cpu_grpo.tasks import Example
+    from cpu_grpo.train import score
+
+    batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]
+    spam = "Elif has 42 + 28 = 70 lollipops\n#### 70\n#### \n#### \n#### "  # cut at the limit: no end
+    ended = "42 + 28 = 70\n#### 70"
+    texts, cut = [spam, ended], [True, False]
+    cfg = config.build(None, None, dict(num_generations=2))
+    total, per_fn = score(cfg, [correctness_reward, format_reward], texts, batch, ["q"], cut)
+    assert per_fn == {"correctness_reward": [0.0, 1.0], "format_reward": [0.0, 1.0]}
+    assert total.tolist() == pytest.approx([0.0, 1.2])
+    cfg = config.build(None, None, dict(num_generations=2, score_truncated=True))
+    total, per_fn = score(cfg, [correctness_reward, format_reward], texts, batch, ["q"], cut)
+    assert per_fn == {"correctness_reward": [1.0, 1.0], "format_reward": [0.75, 1.0]}
+
+    def short(completions, **kw):
+        return [1.0]
+
+    with pytest.raises(RewardError, match="reward function short returned list 1 for 2 completions"):
+        score(cfg, [short], texts, batch, ["q"], cut)

@@ -57,6 +57,8 @@ class TrainConfig:
     rewards: list[str] = _f(["correctness", "format"],
                             "reward functions: builtin names, module:function or file.py:function")
     reward_weights: list[float] = _f([1.0, 0.2], "one weight per reward function")
+    score_truncated: bool = _f(False, "score completions cut at max_new_tokens like the others (off: every reward "
+                                      "function gives them 0, since an answer that never ends is no answer)")
     # -- GRPO
     loss_type: str = _f("dapo", "aggregation: grpo (per-sequence mean), dapo (token mean), dr_grpo (constant)")
     scale_rewards: str = _f("group", "advantage scale: group std, batch std, or none (Dr. GRPO)")

@@ -4,6 +4,8 @@ Letters: B prompts, G samples per prompt, N = B*G sequences, T completion tokens
 
 1. Advantages are group-normalised rewards (Shao et al., 2024), with the scale configurable: by the
    group's std (`group`, the paper), by the batch's std (`batch`), or not at all (`none`, Dr. GRPO).
+   A group whose rewards are all equal gets advantages of exactly 0 (not the float noise of r - mean
+   divided by eps), so that the loop can tell it teaches nothing and skip it.
 2. The policy term is PPO's clipped ratio with separate low/high epsilons (DAPO's clip-higher).
 3. KL to a frozen reference uses the k3 estimator exp(ref - logp) - (ref - logp) - 1, weighted by beta.
 4. Aggregation is a choice, since it decides how long answers are weighted (see `LOSS_TYPES`). Every
@@ -33,8 +35,9 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
         adv = adv / (rewards.std() + eps)
     elif scale != "none":
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', not {scale!r}")
-    zero_std = (std.squeeze(1) < 1e-6).float()
-    return adv.reshape(-1), {"frac_zero_std": zero_std.mean().item(), "reward_std": std.mean().item()}
+    zero_std = std < 1e-6  # (B, 1): all rewards of the group equal
+    adv = adv.masked_fill(zero_std, 0.0)
+    return adv.reshape(-1), {"frac_zero_std": zero_std.float().mean().item(), "reward_std": std.mean().item()}
 
 
 def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature: float = 1.0,

@@ -42,6 +42,7 @@ _FRAC_RE = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _PLAIN_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 _MARKER_RE = re.compile(r"####[ \t]*(" + _NUM + ")")
 _ARITH_RE = re.compile(r"\d\s*[-+*/×÷x]\s*\(?\$?\d")
+_ENDING_RE = re.compile(r"[\s.,;:!*_`)\]]*")  # what may follow a final answer: spaces, closing punctuation
 
 
 def completion_text(c: str | Sequence[dict[str, Any]] | dict[str, Any]) -> str:
@@ -227,7 +228,7 @@ def _format_score(text: str) -> float:
     if markers:
         last = markers[-1]
         score += 0.5
-        if len(markers) == 1 and not re.search(r"[^\W_]", text[last.end() :]):
+        if len(markers) == 1 and _ENDING_RE.fullmatch(text[last.end() :]):
             score += 0.25
         work = text[: last.start()]
     if any("=" in line and _ARITH_RE.search(line) for line in work.splitlines()):
@@ -240,16 +241,16 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
 
     The rule, summed:
     - 0.5 if the text contains "####" followed (spaces or tabs allowed) by a number;
-    - 0.25 if there is exactly one such marker and nothing substantial follows its number: no letter or
-      digit after it (whitespace, punctuation and markdown are allowed), so the answer ends the text
-      (a model that repeats "#### N" lines until the length limit does not get this part);
+    - 0.25 if there is exactly one such marker and the answer ends the text: only whitespace and closing
+      punctuation (. , ; : ! * _ ` ) ]) follow its number. A model that repeats "#### N" lines, or writes
+      bare "####" lines after its answer until the length limit, does not get this part;
     - 0.25 if a line of work holds a number, an operator (+ - * / x × ÷), a number, and "="
       ("3 + 4 = 7", "<<3*4=12>>"): before the last marker, or anywhere when there is no marker.
 
     >>> format_reward(["3 + 4 = 7\\n#### 7", "#### 7 because 3 + 4 = 7", "3 + 4 = 7", "I don't know"])
     [1.0, 0.5, 0.25, 0.0]
-    >>> format_reward(["3 + 4 = 7\\n#### 7\\n#### 7"])
-    [0.75]
+    >>> format_reward(["3 + 4 = 7\\n#### 7\\n#### 7", "3 + 4 = 7\\n#### 7\\n#### \\n#### "])
+    [0.75, 0.75]
     """
     return [_format_score(completion_text(c)) for c in completions]
 

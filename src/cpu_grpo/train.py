@@ -53,8 +53,13 @@ class StopFlag:
         self.log("stop requested: finishing this step and saving a checkpoint (Ctrl-C again to abort without saving)")
 
 
-def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Example], prompts_text: list[str]):
-    """Run every reward function on the completions; returns (total (N,), per-function dict of lists)."""
+def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Example], prompts_text: list[str],
+          truncated: list[bool]):
+    """Run every reward function on the completions; returns (total (N,), per-function dict of lists).
+
+    A completion cut at the length limit gets 0 from every function unless `score_truncated`: otherwise a model
+    can write its answer and then anything until the limit (`#### 70` and bare `####` lines) and be paid for it.
+    """
     g = cfg.num_generations
     columns = {
         "answer": [ex.answer for ex in batch for _ in range(g)],
@@ -65,7 +70,12 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
     per_fn = {}
     for fn in reward_fns:
         values = fn(completions=texts, **columns)
-        per_fn[fn.__name__] = [math.nan if v is None else float(v) for v in values]
+        if not isinstance(values, list | tuple) or len(values) != len(texts):
+            raise rewards.RewardError(f"reward function {fn.__name__} returned {type(values).__name__} "
+                                      f"{values if not isinstance(values, list | tuple) else len(values)} for "
+                                      f"{len(texts)} completions: return a list of one float (or None) per completion")
+        per_fn[fn.__name__] = [math.nan if v is None else 0.0 if cut and not cfg.score_truncated else float(v)
+                               for v, cut in zip(values, truncated, strict=True)]
     total = torch.zeros(len(texts))
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
         total += w * torch.tensor(values).nan_to_num(0.0)
@@ -206,7 +216,8 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     break
                 # ---------------------------------------------------------------- reward and advantage
                 texts = tok.batch_decode(completions, skip_special_tokens=True)
-                total, per_fn = score(cfg, reward_fns, texts, batch, [ex.question for ex in batch])
+                truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
+                total, per_fn = score(cfg, reward_fns, texts, batch, [ex.question for ex in batch], truncated)
                 adv, adv_stats = group_advantages(total, g, cfg.scale_rewards)
                 t2 = time.time()
                 # ---------------------------------------------------------------- update
@@ -248,7 +259,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     "ewc_penalty": sums["ewc_penalty"],
                     "clip_frac": sums["clip_frac_sum"] / norm["num_tokens"],
                     "completion_len": c_tokens / n,
-                    "truncated_frac": sum(len(c) >= cfg.max_new_tokens for c in completions) / n,
+                    "truncated_frac": sum(truncated) / n,
                     **adv_stats, "frac_skipped": 1 - len(groups) / len(batch), "grad_norm": float(grad_norm),
                     "lr": r.sched.get_last_lr()[0], "micro_batch_size": mb,
                     "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
