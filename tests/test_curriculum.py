@@ -12,7 +12,7 @@ from test_train import tiny_cfg
 
 from cpu_grpo import checkpoint, config, curriculum
 from cpu_grpo import train as train_mod
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.tracking import read_jsonl, stage_eval_path
 from cpu_grpo.train import train
 
 
@@ -92,7 +92,7 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     assert [r["after"] for r in matrix["rows"]] == ["base", "basic", "intermediate"]
     assert matrix["levels"] == ["basic", "intermediate"]
     assert all(c["n"] == 4 for r in matrix["rows"] for c in r["cells"].values())
-    assert read_jsonl(out / "eval_after.jsonl") == read_jsonl(curriculum.stage_eval_path(out, 1, "intermediate"))
+    assert read_jsonl(out / "eval_after.jsonl") == read_jsonl(stage_eval_path(out, 1, "intermediate"))
     status = json.loads((out / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 6 and not (out / "run.lock").exists()
 

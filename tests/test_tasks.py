@@ -13,7 +13,8 @@ import pytest
 from cpu_grpo import tasks
 from cpu_grpo.tasks import LEVELS, Example, TaskError, canonical_number, generate, load_jsonl, load_task
 
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"  # ../shared
+GSM8K_DIR = tasks.GSM8K_DIR  # shipped inside the package
+GSM8K_TEST = GSM8K_DIR / "test.jsonl"
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 STEPS = {"basic": (1, 1), "intermediate": (2, 3), "advanced": (4, 99)}  # annotations per solution
 
@@ -134,8 +135,8 @@ def test_load_task_levels():
 
 @pytest.mark.parametrize("call", [lambda: generate("expert", 3), lambda: load_task("expert")])
 def test_unknown_level_says_what_to_use(call):
-    with pytest.raises(TaskError, match="unknown level 'expert': use one of basic, intermediate, advanced, "
-                                        "mix, a .jsonl path, or hf:NAME"):
+    with pytest.raises(TaskError, match="unknown task 'expert': use one of basic, intermediate, advanced, "
+                                        "mix, gsm8k, gsm8k-train, a .jsonl path, or hf:NAME"):
         call()
 
 
@@ -156,7 +157,6 @@ def test_generate_gives_up_when_it_cannot_find_enough(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- JSONL
-@pytest.mark.skipif(not GSM8K_TEST.exists(), reason="GSM8K test file not present")
 def test_real_gsm8k_test_file():
     data = load_jsonl(GSM8K_TEST)
     assert len(data) == 1319
@@ -164,7 +164,31 @@ def test_real_gsm8k_test_file():
     assert first.answer == "18" and first.id == "test.jsonl:1" and first.difficulty == "gsm8k"
     assert first.question.startswith("Janet") and first.solution.endswith("#### 18")
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", e.answer) for e in data)
-    assert load_task(str(GSM8K_TEST), n=5, split="test") == data[:5]
+    assert load_task(str(GSM8K_TEST), n=5, split=None) == data[:5]  # `cpu-grpo eval`: the file as it is
+
+
+def test_shipped_gsm8k_needs_no_path():
+    test, train = load_task("gsm8k", split="test"), load_task("gsm8k", split="train")
+    assert len(test) == 1319 and len(train) == 7473
+    assert test[0].question.startswith("Janet") and test[0].answer == "18"
+    assert not {e.question for e in test} & {e.question for e in train}
+    assert load_task("gsm8k-train", n=3, split="test") == test[:3]  # a run on it holds out the test file
+    assert load_task("gsm8k-train", n=3, split=None) == train[:3]  # `cpu-grpo eval`: training problems
+    assert load_task("gsm8k", n=3, split=None) == test[:3]
+    assert (GSM8K_DIR / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_a_file_task_never_holds_out_a_training_problem(tmp_path):
+    rows = [{"question": f"Problem {i}: what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(200)]
+    path = write(tmp_path, rows)
+    train, test = load_task(str(path), split="train"), load_task(str(path), split="test")
+    assert len(train) + len(test) == 200 and 20 < len(test) < 60  # a fifth held out, by a hash of the text
+    assert not {e.question for e in train} & {e.question for e in test}
+    assert load_task(str(path), n=5, split="test") == test[:5]  # always the same ones, in file order
+    one = write(tmp_path, rows[:1], "one.jsonl")
+    other = "train" if tasks._split_of(rows[0]["question"]) == "test" else "test"
+    with pytest.raises(TaskError, match=f"none of its questions falls in the {other} split"):
+        load_task(str(one), split=other)
 
 
 def test_gold_answers_are_cleaned(tmp_path):
@@ -210,7 +234,7 @@ def test_skip_mode_counts_and_warns(tmp_path):
     assert [e.answer for e in data] == ["18", "4"]
     assert [e.id for e in data] == ["data.jsonl:1", "data.jsonl:8"]
     with pytest.warns(UserWarning):
-        assert load_task(str(path), on_error="skip") == data
+        assert load_task(str(path), on_error="skip", split=None) == data
 
 
 def test_missing_empty_and_bad_options(tmp_path):

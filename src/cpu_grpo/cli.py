@@ -46,7 +46,7 @@ def cmd_eval(args) -> int:
 
     cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens})
     set_threads()
-    examples = load_task(args.task, n=args.n, seed=args.seed, split="test",
+    examples = load_task(args.task, n=args.n, seed=args.seed, split=None,
                          on_error="skip" if args.skip_bad_lines else "raise")
     model, tok = load_model(args.model, args.trust_remote_code)
     sampler, stops = Sampler(model), eos_ids(tok, model)

@@ -19,7 +19,7 @@ import torch
 
 from . import stats, tasks
 from .config import Stage, TrainConfig, plan
-from .tracking import read_jsonl
+from .tracking import read_jsonl, stage_eval_path
 
 EWC_FILE = "ewc.safetensors"
 
@@ -133,10 +133,6 @@ class EWC:
 
 
 # ---------------------------------------------------------------------------- the forgetting matrix
-def stage_eval_path(run: Path, index: int, name: str) -> Path:
-    return Path(run) / "evals" / f"after-{index + 1}-{name}.jsonl"
-
-
 def matrix_row(label: str, records: list[dict]) -> dict:
     cells = {}
     for r in records:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from . import evaltables, metrics, rewards, stats, tasks
-from .tracking import read_jsonl
+from .tracking import code_version, read_jsonl
 
 
 def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 64) -> list[dict]:
@@ -119,7 +119,7 @@ def table(levels: dict) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def write_summary(run: Path, cfg, steps: int, wall: float, log=print) -> dict:
+def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "") -> dict:
     """summary.json and report.md for a run; prints the before/after table and the report's path."""
     from .report import write_report
 
@@ -131,7 +131,8 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print) -> dict:
     stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
               for st in plan(cfg)]
     summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
-               "steps": steps, "wall_seconds": round(wall, 1),
+               "profile": profile, "seed": cfg.seed, "commit": code_version(), "steps": steps,
+               "wall_seconds": round(wall, 1),
                "levels": levels, "metrics": metrics}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     report = write_report(run, cfg, summary)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from . import stats
-from .tracking import read_jsonl
+from .tracking import file_safe, read_jsonl
 
 
 def _curve(metrics: list[dict], key: str, points: int = 8) -> str:
@@ -41,7 +41,7 @@ def _stage_records(run: Path, after: str) -> list[dict]:
     """The per-problem records behind a forgetting-matrix row: eval_before.jsonl or evals/after-K-<stage>.jsonl."""
     if after == "base":
         return read_jsonl(run / "eval_before.jsonl")
-    files = sorted(run.glob(f"evals/after-*-{after}.jsonl"))
+    files = sorted(run.glob(f"evals/after-*-{file_safe(after)}.jsonl"))
     return read_jsonl(files[-1]) if files else []
 
 

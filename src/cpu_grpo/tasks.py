@@ -25,7 +25,8 @@ from pathlib import Path
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
-_UNKNOWN = "unknown level '{}': use one of basic, intermediate, advanced, mix, a .jsonl path, or hf:NAME."
+_UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, gsm8k, gsm8k-train, a .jsonl path, "
+            "or hf:NAME.")
 
 
 class TaskError(ValueError):
@@ -381,20 +382,37 @@ def load_hf(name: str = "openai/gsm8k", split: str = "test", config: str = "main
     return out
 
 
-def load_task(spec: str, n: int | None = None, seed: int = 0, split: str = "train",
-              on_error: str = "raise") -> list[Example]:
-    """Problems named by `spec`: a level, "mix", a .jsonl path or "hf:NAME[:split]".
+GSM8K_DIR = Path(__file__).parent / "data" / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
+DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.jsonl"},
+            "gsm8k-train": {"train": "train.jsonl", "test": "test.jsonl", None: "train.jsonl"}}
 
-    Levels give `n` problems (500 when None) of `split`. A file gives its first `n` examples and ignores
-    `seed` and `split`. "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test").
+
+def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
+              on_error: str = "raise") -> list[Example]:
+    """Problems named by `spec`: a level, "mix", "gsm8k", "gsm8k-train", a .jsonl path or "hf:NAME[:split]".
+
+    Levels give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained on
+    its train file and held out from its test file; "gsm8k-train" is the same in a run, and its train file
+    for split None (`cpu-grpo eval --task gsm8k-train`: training problems). A file of your own is split like the
+    generated levels, by a hash of each question, so a held-out problem is never trained on; split None
+    takes the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in file order.
+    "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test").
     """
     if spec in LEVELS or spec == "mix":
-        return generate(spec, 500 if n is None else n, seed, split)
+        return generate(spec, 500 if n is None else n, seed, split or "test")
+    if spec in DATASETS:
+        return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)
     if spec.startswith("hf:"):
         name, _, hf_split = spec[3:].partition(":")
         if not name:
             raise TaskError("'hf:' needs a dataset name: e.g. hf:openai/gsm8k or hf:openai/gsm8k:test.")
-        return load_hf(name, hf_split or split, limit=n)
+        return load_hf(name, hf_split or split or "test", limit=n)
     if spec.endswith(".jsonl") or Path(spec).is_file():
-        return load_jsonl(spec, on_error, limit=n)
+        if split is None:
+            return load_jsonl(spec, on_error, limit=n)
+        mine = [ex for ex in load_jsonl(spec, on_error) if _split_of(ex.question) == split]
+        if not mine:
+            raise TaskError(f"{spec}: none of its questions falls in the {split} split (a fifth of them, by a hash "
+                            "of the text, is held out): give a file with more problems.")
+        return mine[:n]
     raise TaskError(_UNKNOWN.format(spec))

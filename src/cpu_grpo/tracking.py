@@ -8,8 +8,44 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import resource
 from pathlib import Path
+
+
+def code_version() -> str:
+    """The git commit of this source tree ("-dirty" when the package has uncommitted changes), else the version."""
+    import subprocess
+
+    from . import __version__
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(Path(__file__).parent), *args], capture_output=True, text=True,
+                              timeout=10)
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0:
+            return __version__
+        dirty = git("status", "--porcelain", "--untracked-files=no", ".").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+
+
+def stage_eval_path(run: Path, index: int, name: str) -> Path:
+    """evals/after-K-<stage>.jsonl; a stage named after a file task ("data/x.jsonl", "hf:org/name") gets a
+    file name without path separators ("data-x.jsonl", "hf-org-name")."""
+    return Path(run) / "evals" / f"after-{index + 1}-{file_safe(name)}.jsonl"
+
+
+def file_safe(name: str) -> str:
+    """`name` with every run of characters other than letters, digits, '.', '_' and '-' turned into one '-'.
+
+    >>> file_safe("../data/good.jsonl"), file_safe("hf:openai/gsm8k:test")
+    ('..-data-good.jsonl', 'hf-openai-gsm8k-test')
+    """
+    return re.sub(r"[^\w.-]+", "-", name).strip("-") or "stage"
 
 
 def peak_rss_mb() -> float:

@@ -32,7 +32,7 @@ from .grpo import group_advantages, grpo_loss
 from .models import keep_freed_memory, set_threads
 from .rollout import encode_prompts
 from .runstate import Run, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
-from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_jsonl, write_status
+from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_jsonl, stage_eval_path, write_status
 
 __all__ = ["train", "group_logprobs", "StopFlag", "bf16_supported", "run_dir_for"]
 
@@ -129,7 +129,7 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
     record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
               "validation_accuracy": promoted_at}
-    path = curriculum.stage_eval_path(r.dir, k, stage.name)
+    path = stage_eval_path(r.dir, k, stage.name)
     if eval_set:
         write_status(r.dir, state="evaluating", stage=stage.name)
         r.log(f"stage '{stage.name}' done: evaluating {len(eval_set)} held-out problems ...")
@@ -159,13 +159,13 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     run_dir, ckpt = open_run_dir(cfg, profile, resume)
     with RunLock(run_dir):
         try:
-            return _train(cfg, run_dir, ckpt, t_start, log)
+            return _train(cfg, run_dir, ckpt, t_start, log, profile)
         except BaseException as e:
             write_status(run_dir, state="failed", message=f"{type(e).__name__}: {e}"[:300])
             raise
 
 
-def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, log) -> Path:
+def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, log, profile: str) -> Path:
     threads = set_threads(cfg.threads or None)
     keep_freed_memory()
     stages = plan(cfg)
@@ -301,9 +301,9 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
         return run_dir
     # ---------------------------------------------------------------- report
     if eval_set:
-        final = curriculum.stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
+        final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log)
+    evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
     write_status(run_dir, state="finished", step=r.step)
     return run_dir
 
