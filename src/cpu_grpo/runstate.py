@@ -13,6 +13,11 @@ from . import checkpoint, curriculum, evaluate
 from .config import TrainConfig
 from .models import load_model
 from .rollout import Sampler, eos_ids
+from .tracking import cut_jsonl
+
+
+class TrainingError(ValueError):
+    """Training cannot go on (non-finite gradients or weights); the message says what to change."""
 
 
 def bf16_supported() -> bool:
@@ -80,6 +85,7 @@ class Run:
     stage_index: int = 0  # the stage being trained
     stage_step: int = 0  # steps done in that stage
     data_pos: int = 0  # prompts of that stage's training order consumed
+    bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
@@ -88,8 +94,11 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
         raise SystemExit("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
     ckpt = checkpoint.latest(run) if resume else None
-    if resume and ckpt is None:
-        raise SystemExit(f"--resume: no complete checkpoint under {run}/checkpoints: start a new run without --resume.")
+    if resume and ckpt is None and not (run / "train_config.yaml").exists():
+        raise SystemExit(f"--resume: {run} holds no run to continue: start a new run without --resume.")
+    if resume and ckpt is None:  # stopped before its first checkpoint: start again there, keeping the base eval
+        for name in ("metrics.jsonl", "groups.jsonl"):
+            cut_jsonl(run / name, 0)
     if not resume and (run / "metrics.jsonl").exists():
         raise SystemExit(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
                          "or --run-name (nothing was overwritten).")
@@ -98,7 +107,9 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
 
 
 def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[Run, object]:
-    """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference)."""
+    """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference).
+    Called under the run's lock: temporary directories of checkpoints a kill left half-written are removed."""
+    checkpoint.remove_partial(run_dir)
     model, tok = prepare_model(cfg, log)
     ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
     if ckpt is not None:
@@ -116,11 +127,18 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[
         run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
         if (ckpt / curriculum.EWC_FILE).exists():
             run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
-        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
+        dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl"))
+        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)"
+            + (f"; {dropped} log records of later steps dropped (they are done again)" if dropped else ""))
     return run, ref
 
 
 def save_checkpoint(r: Run, tag: str = "") -> None:
+    """A complete checkpoint of the run; never one with non-finite weights (the older ones stay the last good)."""
+    bad = [n for n, p in r.model.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+    if bad:
+        raise TrainingError(f"{len(bad)} weight tensors are not finite (first: {bad[0]}) at step {r.step}: "
+                            "nothing was saved; lower --learning-rate and resume from the last checkpoint")
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": checkpoint.rng_state(r.gen),
              "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None

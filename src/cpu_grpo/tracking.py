@@ -77,6 +77,22 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def cut_jsonl(path: Path, last_step: int) -> int:
+    """Drop the records of steps after `last_step` (logged after the checkpoint a run resumes from, so they
+    would be logged again) and a half-written last line; returns how many records were dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    records = read_jsonl(path)
+    kept = [r for r in records if r.get("step", 0) <= last_step]
+    text = path.read_text()
+    if len(kept) < len(records) or text and not text.endswith("\n"):  # or a line cut off by a kill
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, default=_jsonable) + "\n" for r in kept))
+        tmp.replace(path)
+    return len(records) - len(kept)
+
+
 class Tracker:
     def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"

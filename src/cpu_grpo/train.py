@@ -31,10 +31,13 @@ from .config import Stage, TrainConfig, describe, plan, save
 from .grpo import group_advantages, grpo_loss
 from .models import keep_freed_memory, set_threads
 from .rollout import encode_prompts
-from .runstate import Run, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
+from .runstate import Run, TrainingError, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
 from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_jsonl, stage_eval_path, write_status
 
 __all__ = ["train", "group_logprobs", "StopFlag", "bf16_supported", "run_dir_for"]
+
+
+BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 
 
 @dataclass
@@ -74,6 +77,9 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
             raise rewards.RewardError(f"reward function {fn.__name__} returned {type(values).__name__} "
                                       f"{values if not isinstance(values, list | tuple) else len(values)} for "
                                       f"{len(texts)} completions: return a list of one float (or None) per completion")
+        if any(isinstance(v, float | int) and math.isinf(v) for v in values):
+            raise rewards.RewardError(f"reward function {fn.__name__} returned an infinite value: return finite "
+                                      "floats (None or nan for a completion it cannot score)")
         per_fn[fn.__name__] = [math.nan if v is None else 0.0 if cut and not cfg.score_truncated else float(v)
                                for v, cut in zip(values, truncated, strict=True)]
     total = torch.zeros(len(texts))
@@ -244,6 +250,16 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the "
                         f"run, with {mb // 2}")
                     mb = mb_cap = mb // 2
+                if not math.isfinite(grad_norm):  # the update was skipped: the weights are as they were
+                    r.bad_steps += 1
+                    log(f"step {r.step + 1}: the gradient is not finite (loss {sums['loss']}): update skipped")
+                    if r.bad_steps >= BAD_STEPS:
+                        raise TrainingError(
+                            f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
+                            f"check --temperature and the rewards; the checkpoints in {run_dir / 'checkpoints'} "
+                            "hold the last finite weights")
+                else:
+                    r.bad_steps = 0
                 r.sched.step()
                 sampler.refresh()
                 r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
@@ -308,7 +324,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     return run_dir
 
 
-def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, torch.Tensor]:
+def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, float]:
     """One step's update: old/reference log-probs when needed, then num_iterations optimizer steps over
     micro-batches of `mb` sequences (appending to `stepped` at each). Returns loss statistics and grad norm."""
     cfg, model = r.cfg, r.model
@@ -343,9 +359,12 @@ def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, torc
         sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda) / cfg.num_iterations
         if groups or r.ewc.fisher and cfg.ewc_lambda:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+            if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
+                r.opt.zero_grad(set_to_none=True)
+                return sums, float(grad_norm)
             r.opt.step()
             stepped.append(True)
-    return sums, grad_norm
+    return sums, float(grad_norm)
 
 
 def _out_of_memory(e: BaseException) -> bool:
