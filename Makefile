@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint clean-venv
+.PHONY: install demo test lint docs clean-venv
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: install
 	test -x $(CHROMIUM) || $(SUDO) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check src tests bench
+
+docs: install
+	$(BIN)/python -c "from cpu_grpo.config import reference; print(reference(), end='')" > docs/config.md
 
 lint: install
 	$(BIN)/ruff check src tests bench

@@ -123,6 +123,12 @@ def test_preview_command_and_config_check():
     assert "cannot read 'many' as int" in runs.check_config("quick", "", {"steps": "many"})
     assert "num_generations must be >= 2" in runs.check_config("", "", {"num_generations": 1})
     assert runs.parse_extra("--train-size 50 --top-k '20'") == {"train_size": "50", "top_k": "20"}
+    assert runs.parse_extra("--rewards correctness,format") == {"rewards": "correctness,format"}
+    for text, words in [("--output-dir /anywhere", "cannot be set from the page"),
+                        ("--trust-remote-code true", "never runs a model's own code"),
+                        ("--rewards my.py:reward", "only builtin rewards"), ("--no-such 1", "not a config field")]:
+        with pytest.raises(ValueError, match=words):
+            runs.parse_extra(text)
     with pytest.raises(ValueError, match="--field value"):
         runs.parse_extra("--train-size")
     assert set(runs.config_fields()) >= {"steps", "rewards", "model", "output_dir"}

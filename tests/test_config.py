@@ -351,3 +351,12 @@ def test_example_config_file_builds():
     example = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
     cfg = build(file=str(example))
     assert cfg.learning_rate == 2e-5 and cfg.rewards == ["correctness", "format"]
+
+
+def test_the_config_reference_in_docs_is_up_to_date():
+    from pathlib import Path
+
+    from cpu_grpo.config import reference
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+    assert docs.read_text() == reference(), "docs/config.md is stale: run `make docs`"

@@ -25,14 +25,16 @@ def _f(default, help: str, **kw):
 @dataclass
 class TrainConfig:
     # -- model
-    model: str = _f("smollm2-135m", "alias (smollm2-135m, qwen2.5-0.5b), local HF directory, .gguf file or hub id")
+    model: str = _f("smollm2-135m", "alias (smollm2-135m, qwen2.5-coder-0.5b: both offline; qwen2.5-0.5b), local HF "
+                                    "directory, .gguf file or hub id")
     trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
     # -- data
-    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | path.jsonl | hf:NAME")
+    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | gsm8k | path.jsonl | hf:NAME")
     eval_task: str = _f("", "extra held-out sets, comma-separated (same forms as task); the test split of every "
                            "stage's task is always evaluated")
     eval_size: int = _f(250, "held-out problems per evaluated set, before training and after each stage (0: none)")
-    train_size: int = _f(20000, "problems drawn from the generator for training (files: their first N lines)")
+    train_size: int = _f(20000, "problems drawn from the generator for training (files: their first N training "
+                                "lines; a fifth of a file of your own is held out, by a hash of each question)")
     skip_bad_lines: bool = _f(False, "skip malformed JSONL lines (with a count) instead of stopping")
     instruction: str = _f(
         "Solve the problem step by step. Write the final answer on its own last line as '#### <number>'.",
@@ -201,7 +203,7 @@ PROFILES: dict[str, dict] = {
     "demo": dict(),
     # the curriculum: basic, intermediate, advanced, with EWC against forgetting; every level evaluated
     # before training and after each stage (the forgetting matrix)
-    # (stage 1 gets the 30 steps the demo needs to learn: with 10 it made basic worse; README, issue 4 ablation)
+    # (stage 1 gets the 30 steps the demo needs to learn: with 10 it made basic worse; docs/curriculum.md)
     "default": dict(stages=["basic:30", "intermediate:10", "advanced:10"], steps=50, eval_size=100, ewc_lambda=1.0),
 }
 
@@ -280,6 +282,21 @@ def save(cfg: TrainConfig, path: str | Path) -> None:
     import yaml
 
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def reference() -> str:
+    """docs/config.md: every field with its default and help, and the profiles (`make docs` writes it)."""
+    intro = ("Generated from `src/cpu_grpo/config.py` by `make docs`: do not edit. Every field is a YAML key and a "
+             "`--flag` (underscores as dashes); precedence: defaults < `--profile` < `--config` file < "
+             "`--field value`.")
+    rows = ["# Config reference", "", intro, "", "| field | default | what it does |", "|---|---|---|"]
+    for f in fields(TrainConfig):
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        rows.append(f"| `{f.name}` | `{json.dumps(default)}` | {f.metadata['help'].replace('|', '/')} |")
+    rows += ["", "## Profiles", "", "| profile | sets |", "|---|---|"]
+    rows += [f"| `{name}` | {', '.join(f'`{k}: {json.dumps(v)}`' for k, v in p.items()) or '(the defaults)'} |"
+             for name, p in PROFILES.items()]
+    return "\n".join(rows) + "\n"
 
 
 def describe(cfg: TrainConfig) -> str:

@@ -235,15 +235,38 @@ def preview(cmd: list[str]) -> str:
     return shlex.join(cmd)
 
 
+# fields the page never passes from "more fields": it names the run directory itself, and runs no code from files
+NOT_FROM_PAGE = {
+    "output_dir": "the page puts every run in its runs directory: use the run name field",
+    "run_name": "use the run name field",
+    "trust_remote_code": "the page never runs a model's own code: start that run with `cpu-grpo train`",
+}
+
+
 def parse_extra(text: str) -> dict:
-    """'--train-size 50 --top-k 20' -> {'train_size': '50', 'top_k': '20'}; raises ValueError with the fix."""
+    """'--train-size 50 --top-k 20' -> {'train_size': '50', 'top_k': '20'}; raises ValueError with the fix.
+
+    Only config fields pass, and not those in NOT_FROM_PAGE; rewards only by builtin name (a file or module
+    would run its code in the training process)."""
+    from ..config import TrainConfig
+    from ..rewards import BUILTIN_REWARDS
+
     words = shlex.split(text or "")
+    known = set(TrainConfig.__dataclass_fields__)
     out = {}
     for i in range(0, len(words), 2):
         flag = words[i]
         if not flag.startswith("--") or i + 1 >= len(words):
             raise ValueError(f"more fields: expected '--field value' pairs, got {flag!r}.")
-        out[flag[2:].replace("-", "_")] = words[i + 1]
+        name = flag[2:].replace("-", "_")
+        if name not in known:
+            raise ValueError(f"more fields: {flag} is not a config field; see `cpu-grpo train --help`.")
+        if name in NOT_FROM_PAGE:
+            raise ValueError(f"more fields: {flag} cannot be set from the page: {NOT_FROM_PAGE[name]}.")
+        if name == "rewards" and not set(words[i + 1].split(",")) <= set(BUILTIN_REWARDS):
+            raise ValueError(f"more fields: the page takes only builtin rewards ({', '.join(BUILTIN_REWARDS)}); "
+                             "train with your own reward functions through `cpu-grpo train`.")
+        out[name] = words[i + 1]
     return out
 
 
