@@ -260,3 +260,17 @@ def test_load_file_that_raises(tmp_path):
     with pytest.raises(RewardError, match=r"running .*broken.py failed \(RuntimeError: boom\); fix"):
         load_reward(f"{f}:ok_reward")
     assert set(sys.modules) == before  # the half-loaded module is not left behind
+
+
+@pytest.mark.parametrize("values, words", [
+    (0.5, "returned a float '0.5' for 2 completions: return a list"),
+    ([1.0], "returned a list of length 1 for 2 completions"),
+    (["1.0", 0.0], "returned '1.0' \\(str\\): return floats"),
+    ([{"a": 1}, 0.0], "returned \"{'a': 1}\" \\(dict\\)"),
+    ([float("-inf"), 0.0], "returned an infinite value"),
+])
+def test_bad_reward_output_names_the_function(values, words):
+    from cpu_grpo.rewards import as_scores
+
+    with pytest.raises(RewardError, match=f"reward function mine {words}"):
+        as_scores("mine", values, 2)

@@ -169,7 +169,7 @@ def test_truncated_completions_score_zero_unless_asked():
     def short(completions, **kw):
         return [1.0]
 
-    with pytest.raises(RewardError, match="reward function short returned list 1 for 2 completions"):
+    with pytest.raises(RewardError, match="reward function short returned a list of length 1 for 2 completions"):
         score(cfg, [short], texts, batch, ["q"], cut)
 
     def infinite(completions, **kw):
@@ -254,3 +254,49 @@ def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tm
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     with pytest.raises(SystemExit, match="holds no run to continue"):
         train(tiny_cfg(tiny_model, tmp_path / "empty", reward_file), resume=True, log=lambda *a: None)
+
+
+@pytest.mark.parametrize("damage", ["truncate weights", "truncate state", "remove weights"])
+def test_resume_falls_back_past_a_damaged_checkpoint(tiny_model, tmp_path, reward_file, damage, capsys):
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2, save_every=1), log=lambda *a: None)
+    newest = out / "checkpoints" / "step-000002"
+    target = newest / ("trainer_state.pt" if "state" in damage else "model.safetensors")
+    if damage.startswith("truncate"):
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    else:
+        target.unlink()
+    lines = []
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=3), resume=True, log=lines.append)
+    assert "skipping checkpoint step-000002" in capsys.readouterr().out
+    assert any("resumed from" in str(x) and "step-000001" in str(x) for x in lines)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_step_that_can_teach_nothing_is_reported(tiny_model, tmp_path):
+    """Rewards that are all None: a warning at each step; all-equal groups for 5 steps: one warning."""
+    nothing = tmp_path / "nothing.py"
+    nothing.write_text("def none_reward(completions, **kw):\n    return [None] * len(completions)\n")
+    lines = []
+    train(tiny_cfg(tiny_model, tmp_path / "run", nothing, eval_size=0, steps=6,
+                   rewards=[f"{nothing}:none_reward"]), log=lines.append)
+    text = "\n".join(map(str, lines))
+    assert text.count("every reward function returned None or nan") == 6
+    assert text.count("for 5 steps every group's rewards were all equal") == 1
+
+
+def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, reward_file):
+    """The stage is named after the path (data/good.jsonl): its evaluation file gets a safe name and the run
+    writes its summary; held-out problems are never among the training prompts."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"question": f"Tom has {i} apples and buys {i + 2}. How many now?", "answer": f"#### {2 * i + 2}"}
+            for i in range(60)]
+    (data / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, task=str(data / "good.jsonl"), eval_size=5, steps=2),
+          log=lambda *a: None)
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    held_out = {r["question"] for r in read_jsonl(out / "eval_before.jsonl")}
+    trained = {g["question"] for g in read_jsonl(out / "groups.jsonl")}
+    assert held_out and not held_out & trained

@@ -85,6 +85,38 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def problem(ckpt: Path) -> str | None:
+    """Why a complete-looking checkpoint cannot be resumed from (a file missing or unreadable), or None."""
+    from safetensors import safe_open
+
+    weights = sorted(ckpt.glob("model*.safetensors")) + sorted(ckpt.glob("adapter_model.safetensors"))
+    if not weights:
+        return "it has no model.safetensors or adapter_model.safetensors"
+    for f in weights:
+        try:
+            with safe_open(str(f), "pt") as st:  # reads the header; a cut-off file fails on its last tensor
+                names = list(st.keys())
+                if names:
+                    st.get_tensor(names[-1])
+        except Exception as e:
+            return f"{f.name} is unreadable ({type(e).__name__})"
+    try:
+        load_state(ckpt)
+    except Exception as e:
+        return f"{STATE_FILE} is unreadable ({type(e).__name__})"
+    return None
+
+
+def latest_good(run_dir: Path, log=print) -> Path | None:
+    """The newest checkpoint that loads; each newer one that does not is named, with what is wrong with it."""
+    for ckpt in reversed(complete(Path(run_dir) / "checkpoints")):
+        why = problem(ckpt)
+        if why is None:
+            return ckpt
+        log(f"warning: skipping checkpoint {ckpt.name}: {why}; trying an older one")
+    return None
+
+
 def load_state(ckpt: Path) -> dict:
     import torch
 

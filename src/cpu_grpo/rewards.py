@@ -255,6 +255,34 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     return [_format_score(completion_text(c)) for c in completions]
 
 
+def as_scores(name: str, values: Any, n: int) -> list[float]:
+    """A reward function's output as n floats (None -> nan: "cannot score this one"), or a RewardError that names
+    the function and says what it returned.
+
+    >>> as_scores("mine", [1, None, 0.5, True], 4)
+    [1.0, nan, 0.5, 1.0]
+    """
+    if not isinstance(values, list | tuple) or len(values) != n:
+        got = f"{type(values).__name__} of length {len(values)}" if isinstance(values, list | tuple) else \
+            f"{type(values).__name__} {str(values)[:40]!r}"
+        raise RewardError(f"reward function {name} returned a {got} for {n} completions: return a list of one float "
+                          "(or None) per completion")
+    out = []
+    for v in values:
+        try:
+            x = math.nan if v is None else float(v.item() if hasattr(v, "item") else v)
+            if isinstance(v, str):
+                raise TypeError
+        except (TypeError, ValueError):
+            raise RewardError(f"reward function {name} returned {str(v)[:40]!r} ({type(v).__name__}): return "
+                              "floats, or None for a completion it cannot score") from None
+        if math.isinf(x):
+            raise RewardError(f"reward function {name} returned an infinite value: return finite floats, or None "
+                              "for a completion it cannot score")
+        out.append(x)
+    return out
+
+
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,

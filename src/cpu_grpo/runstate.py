@@ -86,6 +86,7 @@ class Run:
     stage_step: int = 0  # steps done in that stage
     data_pos: int = 0  # prompts of that stage's training order consumed
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
+    all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
@@ -93,7 +94,10 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     if resume and not (cfg.output_dir or cfg.run_name):
         raise SystemExit("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
-    ckpt = checkpoint.latest(run) if resume else None
+    ckpt = checkpoint.latest_good(run) if resume else None
+    if resume and ckpt is None and checkpoint.complete(run / "checkpoints"):
+        raise SystemExit(f"--resume: no checkpoint under {run}/checkpoints loads (see the warnings above): start a "
+                         "new run in another directory, or restore a checkpoint from a backup.")
     if resume and ckpt is None and not (run / "train_config.yaml").exists():
         raise SystemExit(f"--resume: {run} holds no run to continue: start a new run without --resume.")
     if resume and ckpt is None:  # stopped before its first checkpoint: start again there, keeping the base eval

@@ -72,15 +72,8 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
     }
     per_fn = {}
     for fn in reward_fns:
-        values = fn(completions=texts, **columns)
-        if not isinstance(values, list | tuple) or len(values) != len(texts):
-            raise rewards.RewardError(f"reward function {fn.__name__} returned {type(values).__name__} "
-                                      f"{values if not isinstance(values, list | tuple) else len(values)} for "
-                                      f"{len(texts)} completions: return a list of one float (or None) per completion")
-        if any(isinstance(v, float | int) and math.isinf(v) for v in values):
-            raise rewards.RewardError(f"reward function {fn.__name__} returned an infinite value: return finite "
-                                      "floats (None or nan for a completion it cannot score)")
-        per_fn[fn.__name__] = [math.nan if v is None else 0.0 if cut and not cfg.score_truncated else float(v)
+        values = rewards.as_scores(fn.__name__, fn(completions=texts, **columns), len(texts))
+        per_fn[fn.__name__] = [0.0 if cut and not cfg.score_truncated else v
                                for v, cut in zip(values, truncated, strict=True)]
     total = torch.zeros(len(texts))
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
@@ -164,6 +157,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     t_start = time.time()
     run_dir, ckpt = open_run_dir(cfg, profile, resume)
     with RunLock(run_dir):
+        write_status(run_dir, state="starting", message="")  # a resumed run forgets an earlier failure
         try:
             return _train(cfg, run_dir, ckpt, t_start, log, profile)
         except BaseException as e:
@@ -225,6 +219,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                 truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
                 total, per_fn = score(cfg, reward_fns, texts, batch, [ex.question for ex in batch], truncated)
                 adv, adv_stats = group_advantages(total, g, cfg.scale_rewards)
+                _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], log)
                 t2 = time.time()
                 # ---------------------------------------------------------------- update
                 n = len(completions)
@@ -365,6 +360,22 @@ def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, floa
             r.opt.step()
             stepped.append(True)
     return sums, float(grad_norm)
+
+
+COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning
+
+
+def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
+    """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
+    for COLLAPSE_STEPS steps in a row (the update has nothing to push towards)."""
+    if all(math.isnan(v) for values in per_fn.values() for v in values):
+        log(f"warning: step {r.step + 1}: every reward function returned None or nan for every completion, so "
+            "nothing is learned: check the reward functions")
+    r.all_equal_steps = r.all_equal_steps + 1 if frac_zero_std == 1 else 0
+    if r.all_equal_steps == COLLAPSE_STEPS:
+        log(f"warning: for {COLLAPSE_STEPS} steps every group's rewards were all equal, so nothing is learned: "
+            "an easier task, a higher temperature or a reward with partial credit gives the groups a signal "
+            "(read groups.jsonl)")
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -1,0 +1,35 @@
+"""Run files: stage file names, log truncation on resume, the code version."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import re
+
+from cpu_grpo import tracking
+from cpu_grpo.tracking import cut_jsonl, read_jsonl, stage_eval_path
+
+
+def test_doctests():
+    assert doctest.testmod(tracking).failed == 0
+
+
+def test_stage_files_of_file_tasks_stay_in_the_run(tmp_path):
+    for name in ("data/good.jsonl", "hf:openai/gsm8k:test", "../../etc/x"):
+        path = stage_eval_path(tmp_path, 0, name)
+        assert path.parent == tmp_path / "evals" and "/" not in path.name
+
+
+def test_cut_jsonl_drops_later_steps_and_a_half_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')
+    assert cut_jsonl(path, 2) == 1
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2] and path.read_text().endswith("\n")
+    assert cut_jsonl(tmp_path / "missing.jsonl", 2) == 0
+
+
+def test_code_version_names_a_commit_or_the_version():
+    from cpu_grpo import __version__
+
+    v = tracking.code_version()
+    assert v == __version__ or re.fullmatch(r"[0-9a-f]{12}(-dirty)?", v), v
