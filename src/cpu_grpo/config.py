@@ -89,11 +89,16 @@ class TrainConfig:
     save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
     keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first)")
     threads: int = _f(0, "torch threads (0: one per physical core)")
+    report_to: list[str] = _f([], "experiment trackers besides metrics.jsonl: tensorboard, trackio, wandb (offline "
+                                  "unless WANDB_MODE says otherwise); extra: pip install 'cpu-grpo[track]'")
+    log_completions_every: int = _f(10, "steps between tables of sampled completions sent to report_to trackers "
+                                        "(0: never)")
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
+        unknown_trackers = sorted(set(self.report_to) - {"tensorboard", "trackio", "wandb"})
         checks = [
             (self.steps >= 0, "steps must be >= 0"),
             (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
@@ -123,6 +128,8 @@ class TrainConfig:
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
             (self.ewc_lambda >= 0 and self.fisher_samples >= 1, "ewc_lambda must be >= 0 and fisher_samples >= 1"),
             (self.promote_every >= 1 and self.promote_size >= 1, "promote_every and promote_size must be >= 1"),
+            (not unknown_trackers, f"report_to takes tensorboard, trackio, wandb, not {', '.join(unknown_trackers)}"),
+            (self.log_completions_every >= 0, "log_completions_every must be >= 0 (0: never)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -77,6 +77,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def read_json(path: Path) -> dict | None:
+    """A JSON file's object, or None when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def cut_jsonl(path: Path, last_step: int) -> int:
     """Drop the records of steps after `last_step` (logged after the checkpoint a run resumes from, so they
     would be logged again) and a half-written last line; returns how many records were dropped."""
@@ -94,14 +102,43 @@ def cut_jsonl(path: Path, last_step: int) -> int:
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None):
+    """metrics.jsonl and a console line for every step, and the `report_to` backends (trackers.py), each dropped
+    with one warning the first time it fails."""
+
+    def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None, report_to: list[str] = (),
+                 config: dict | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.print = print_fn
         self.total = total_steps
+        self.backends = []
+        if report_to:
+            from .trackers import open_backends
+
+            self.backends = open_backends(list(report_to), Path(run_dir), Path(run_dir).name, config or {}, print_fn)
 
     def log(self, record: dict) -> None:
         append_jsonl(self.path, record)
         self.print(self.line(record))
+        if self.backends:
+            from .trackers import trl_metrics
+
+            self._each("log", trl_metrics(record), record["step"])
+
+    def table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
+        self._each("table", key, columns, rows, step)
+
+    def finish(self, summary: dict) -> None:
+        self._each("finish", summary)
+        self.backends = []
+
+    def _each(self, method: str, *args) -> None:
+        for backend in list(self.backends):
+            try:
+                getattr(backend, method)(*args)
+            except Exception as e:  # a tracker never stops training
+                self.backends.remove(backend)
+                self.print(f"warning: {type(backend).__name__} failed ({type(e).__name__}: {str(e)[:120]}); "
+                           "training goes on without it")
 
     def line(self, r: dict) -> str:
         total = f"/{self.total}" if self.total else ""

@@ -32,7 +32,8 @@ from .grpo import group_advantages, grpo_loss
 from .models import keep_freed_memory, set_threads
 from .rollout import encode_prompts
 from .runstate import Run, TrainingError, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
-from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_jsonl, stage_eval_path, write_status
+from .trackers import summary_metrics
+from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_json, read_jsonl, stage_eval_path, write_status
 
 __all__ = ["train", "group_logprobs", "StopFlag", "bf16_supported", "run_dir_for"]
 
@@ -184,7 +185,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
 
     stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    tracker = Tracker(run_dir, log, cfg.total_steps)
+    tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict())
     try:
         # ---------------------------------------------------------------- evaluate the base model
         if eval_set and not (run_dir / "eval_before.jsonl").exists():
@@ -285,6 +286,10 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     record["validation_accuracy"] = promoted_at
                 tracker.log(record)
                 _log_groups(run_dir, r.step, stage.name, batch, texts, per_fn, total, adv, g)
+                if cfg.log_completions_every and r.step % cfg.log_completions_every == 0:
+                    tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
+                                  [[batch[i // g].question, t, batch[i // g].answer, float(total[i]), float(adv[i])]
+                                   for i, t in enumerate(texts)], r.step)
                 write_status(run_dir, state="training", step=r.step)
                 if promoted_at is not None and promoted_at >= stage.promote_at:
                     log(f"stage '{stage.name}' promoted at step {r.stage_step}: validation accuracy "
@@ -303,6 +308,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     if r.step > 0 and (last is None or not last.name.endswith(f"{r.step:06d}")):
         save_checkpoint(r)
     if stop.requested:
+        tracker.finish({})
         write_status(run_dir, state="stopped", step=r.step)
         if r.step:
             log(f"stopped at step {r.step}: complete checkpoint in {checkpoint.latest(run_dir)}; "
@@ -314,7 +320,8 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     if eval_set:
         final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
+    summary = evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
+    tracker.finish(summary_metrics(summary, read_json(run_dir / "forgetting.json")))
     write_status(run_dir, state="finished", step=r.step)
     return run_dir
 

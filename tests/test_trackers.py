@@ -1,0 +1,92 @@
+"""report_to: a short run written to TensorBoard, trackio and wandb (offline), read back with each library's own
+reader; a tracker that is missing or fails never stops training."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import sqlite3
+import sys
+
+import pytest
+from test_train import tiny_cfg
+
+from cpu_grpo import trackers
+from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.train import train
+
+
+def test_doctests():
+    assert doctest.testmod(trackers).failed == 0
+
+
+def wandb_history(run_dir) -> list[dict]:
+    """The history rows of the offline wandb run under run_dir, read from its .wandb file."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal.datastore import DataStore
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    store, rows = DataStore(), []
+    store.open_for_scan(str(path))
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def test_a_run_reaches_every_tracker(tiny_model, tmp_path, reward_file, monkeypatch):
+    for lib in ("tensorboard", "trackio", "wandb"):
+        pytest.importorskip(lib)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    out, lines = tmp_path / "run", []
+    train(tiny_cfg(tiny_model, out, reward_file, steps=2, eval_size=4, report_to=["tensorboard", "trackio", "wandb"],
+                   log_completions_every=1), log=lines.append)
+    assert not [x for x in lines if "warning" in str(x)]
+    steps = read_jsonl(out / "metrics.jsonl")
+    rewards = [m["reward"] for m in steps]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward")] == [1, 2]
+    assert [e.value for e in events.Scalars("reward")] == pytest.approx(rewards)
+    tags = set(events.Tags()["scalars"])
+    assert {"rewards/length_reward/mean", "frac_reward_zero_std", "completions/mean_length", "loss",
+            "learning_rate", "eval/basic/after", "forgetting/base/basic"} <= tags
+    assert "completions" in " ".join(events.Tags()["tensors"])  # the completions table, as text
+
+    with sqlite3.connect(tmp_path / "trackio" / "cpu-grpo.db") as db:
+        rows = db.execute("SELECT step, metrics FROM metrics WHERE run_name = ? ORDER BY step", ("run",)).fetchall()
+    logged = {step: json.loads(m) for step, m in rows}
+    assert [logged[s]["reward"] for s in (1, 2)] == pytest.approx(rewards)
+    assert "rewards/length_reward/mean" in logged[1]
+
+    history = wandb_history(out)
+    by_step = {row["_step"]: row for row in history if "reward" in row}
+    assert [by_step[s]["reward"] for s in (1, 2)] == pytest.approx(rewards)
+    assert any("completions" in row for row in history)
+    (summary,) = out.glob("wandb/offline-run-*/files/wandb-summary.json")
+    assert "eval/basic/after" in json.loads(summary.read_text())
+
+
+def test_a_missing_or_failing_tracker_never_stops_training(tiny_model, tmp_path, reward_file, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+
+    def broken(self, metrics, step):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(trackers.TensorBoard, "log", broken)
+    lines = []
+    pytest.importorskip("tensorboard")
+    train(tiny_cfg(tiny_model, tmp_path / "run", reward_file, steps=2, eval_size=0,
+                   report_to=["wandb", "tensorboard"]), log=lines.append)
+    text = "\n".join(map(str, lines))
+    assert text.count("report_to wandb is off for this run (ImportError") == 1 and "cpu-grpo[track]" in text
+    assert text.count("TensorBoard failed (OSError: No space left on device)") == 1
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
