@@ -360,3 +360,10 @@ def test_the_config_reference_in_docs_is_up_to_date():
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "config.md"
     assert docs.read_text() == reference(), "docs/config.md is stale: run `make docs`"
+
+
+def test_steps_against_a_profiles_own_stage_steps_is_an_error():
+    with pytest.raises(ConfigError, match="steps 20 would be ignored: profile 'default' gives each stage its steps"):
+        build("default", None, {"steps": 20})
+    assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
+    assert build("demo", None, {"steps": 20}).total_steps == 20
