@@ -65,3 +65,14 @@ def test_malformed_jsonl_names_file_and_line(tiny_model, tmp_path, capsys):
 def test_eval_command_on_a_checkpoint_dir(tiny_model, capsys):
     assert main(["eval", "--model", tiny_model, "--n", "4", "--max-new-tokens", "8"]) == 0
     assert "| basic | 4 |" in capsys.readouterr().out
+
+
+def test_a_question_longer_than_the_context_is_one_sentence(tiny_model, tmp_path, capsys):
+    """A valid but huge question (the tiny model's context is 1024 tokens) stops before any allocation for it."""
+    import json
+
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"question": "How many apples? " * 2000, "answer": "#### 2"}) + "\n")
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--max-new-tokens", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "tokens plus 8 new tokens exceeds the model's context of 1024" in err and "Traceback" not in err

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
         name = type(e).__name__
         if name in ("ConfigError", "TaskError", "RewardError", "ModelError", "MetricError", "RunError",
-                    "TrainingError") or \
+                    "TrainingError", "PromptTooLong") or \
                 isinstance(e, FileNotFoundError):
             print(f"cpu-grpo: {e}", file=sys.stderr)
             return 2

@@ -40,6 +40,10 @@ def _plain_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer", "")
 
 
+class PromptTooLong(ValueError):
+    """A prompt that does not fit the model's context with the completion; the message says what to do."""
+
+
 class Sampler:
     """Samples from a policy: from a copy of it in `dtype`, refreshed after each update, or, for LoRA on a frozen
     base already in `dtype` (the usual bf16 case), from the policy's own base with the adapters applied unmerged
@@ -117,6 +121,11 @@ class Sampler:
                  pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                  generator: torch.Generator | None = None) -> list[list[int]]:
         """Return B*G completions (token ids, EOS included when reached), group-major: row i*G+j."""
+        context = getattr(self.net.config, "max_position_embeddings", None)
+        longest = max(len(p) for p in prompts)
+        if context and longest + max_new_tokens > context:
+            raise PromptTooLong(f"a prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the model's "
+                                f"context of {context}: shorten or drop that question, or lower the token limit")
         if self.released is not None:
             self.refresh()
         if not self.fast:
