@@ -60,6 +60,7 @@ def test_malformed_jsonl_names_file_and_line(tiny_model, tmp_path, capsys):
     data.write_text('{"question": "1+1?", "answer": "1 + 1 = 2\\n#### 2"}\n{"question": "oops"\n')
     assert main(["train", "--model", tiny_model, "--task", str(data), "--output-dir", str(tmp_path / "r")]) == 2
     assert f"{data}:2:" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "eval_before.jsonl").exists()  # reported before the base evaluation
 
 
 def test_eval_command_on_a_checkpoint_dir(tiny_model, capsys):

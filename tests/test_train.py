@@ -242,6 +242,8 @@ def test_cli_resume_uses_the_runs_saved_config(tiny_model, tmp_path, reward_file
     assert "changed here: steps: 2 -> 3" in capsys.readouterr().out
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     assert config.load_file(out / "train_config.yaml")["model"] == tiny_model
+    assert main(["train", "--output-dir", str(out), "--resume", "--model", "smollm2-135m"]) == 2
+    assert f"trained with model {tiny_model!r}: resume it without --model" in capsys.readouterr().err
 
 
 def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tmp_path, reward_file):

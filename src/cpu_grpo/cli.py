@@ -29,6 +29,10 @@ def _config_from(args) -> config_mod.TrainConfig:
     if saved is None:
         return config_mod.build(args.profile or args.default_profile, args.config, overrides)
     mine, old = {**(config_mod.load_file(args.config) if args.config else {}), **overrides}, config_mod.load_file(saved)
+    for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
+        if key in mine and config_mod.build(None, None, {key: mine[key]}).to_dict()[key] != old.get(key):
+            raise config_mod.ConfigError(f"the run in {saved.parent} trained with {key} {old.get(key)!r}: resume it "
+                                         f"without --{key.replace('_', '-')}, or start a new run for {mine[key]!r}")
     cfg = config_mod.build(None, None, {**old, **mine})
     changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
     print(f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else ""))

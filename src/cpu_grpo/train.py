@@ -179,6 +179,9 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     torch.manual_seed(cfg.seed)
     reward_fns = [rewards.load_reward(spec) for spec in cfg.rewards]
     eval_set = curriculum.held_out(cfg)
+    for st in stages:  # bad training data is reported now, not after the base evaluation
+        if st.task not in tasks.LEVELS and st.task != "mix":
+            curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
     r, ref = build_run(cfg, run_dir, ckpt, log)
     model, tok, sampler, pad, g = r.model, r.tok, r.sampler, r.tok.pad_token_id, cfg.num_generations
     status = dict(total_steps=cfg.total_steps, num_stages=len(stages))
