@@ -35,6 +35,19 @@ def test_directory_without_config(tmp_path):
         resolve_model(str(tmp_path))
 
 
+def test_directory_without_weights_and_a_truncated_gguf(tiny_model, tmp_path, monkeypatch):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((Path(tiny_model) / "config.json").read_text())
+    with pytest.raises(ModelError, match="has a config but no weights"):
+        resolve_model(str(bare))
+    monkeypatch.setenv("CPU_GRPO_CACHE", str(tmp_path / "cache"))
+    cut = tmp_path / "model.gguf"
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 20)  # a header, then nothing
+    with pytest.raises(ModelError, match="cannot be read as a GGUF model .*download it again"):
+        resolve_model(str(cut))
+
+
 def test_remote_code_is_refused_unless_asked(tiny_model, tmp_path):
     target = tmp_path / "remote"
     target.mkdir()

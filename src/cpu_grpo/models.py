@@ -77,6 +77,9 @@ def resolve_model(spec: str, log=print) -> str:
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise ModelError(f"{spec} is a directory without config.json: point --model at a Hugging Face model "
                              "directory (config.json, weights, tokenizer), a .gguf file, a hub id or an alias.")
+        if not any(path.glob(pattern) for pattern in ("*.safetensors", "*.bin", "*.pt")):
+            raise ModelError(f"{spec} has a config but no weights (model.safetensors, pytorch_model.bin or an "
+                             "adapter): copy them there, or point --model at the complete model directory.")
         return str(path)
     if spec in ALIASES:
         return _resolve_alias(spec, log)
@@ -222,8 +225,12 @@ def _convert_gguf(gguf: Path, out: Path, log) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"converting {gguf.name} to safetensors in {out} (once, ~20 s)")
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:  # a cut-off download, another format renamed .gguf, an architecture transformers lacks
+        raise ModelError(f"{gguf} cannot be read as a GGUF model ({type(e).__name__}: {str(e)[:100]}): the file may "
+                         "be truncated or not a GGUF; download it again.") from None
     config = src.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
