@@ -302,3 +302,30 @@ def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, rew
     held_out = {r["question"] for r in read_jsonl(out / "eval_before.jsonl")}
     trained = {g["question"] for g in read_jsonl(out / "groups.jsonl")}
     assert held_out and not held_out & trained
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, reward_file, monkeypatch, capsys):
+    """ENOSPC while a checkpoint is written (injected): the half-written directory is removed, the run stops with
+    one sentence naming the disk and how to continue, and the status says failed."""
+    import errno
+
+    from cpu_grpo import checkpoint as ckpt_mod
+
+    real = ckpt_mod.config_mod.save
+
+    def full_inside_checkpoints(cfg, path):
+        if Path(path).parent.name.startswith(".step-000002"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(cfg, path)
+
+    monkeypatch.setattr(ckpt_mod.config_mod, "save", full_inside_checkpoints)
+    out = tmp_path / "run"
+    args = ["train", "--model", tiny_model, "--output-dir", str(out), "--steps", "3", "--save-every", "1",
+            "--eval-size", "0", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "12",
+            "--rewards", f"{reward_file}:length_reward", "--reward-weights", "1", "--score-truncated"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "is full" in err and "while saving the checkpoint of step 2" in err and "--resume (from step-000001)" in err
+    assert [c.name for c in checkpoint.complete(out / "checkpoints")] == ["step-000001"]
+    assert not list((out / "checkpoints").glob(".step-*"))
+    assert json.loads((out / "status.json").read_text())["state"] == "failed"

@@ -291,9 +291,14 @@ def coerce(f: dataclasses.Field, value):
 
 
 def save(cfg: TrainConfig, path: str | Path) -> None:
+    """Write the config as YAML, atomically (a full disk leaves the old file, never an empty one)."""
+    import os
+
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def reference() -> str:

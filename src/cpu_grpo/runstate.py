@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,4 +148,20 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": checkpoint.rng_state(r.gen),
              "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
-    checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag, extra=extra)
+    try:
+        checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
+                        extra=extra)
+    except (OSError, RuntimeError) as e:
+        if not disk_full(e):
+            raise
+        free = shutil.disk_usage(r.dir).free / 2**20
+        last = checkpoint.latest(r.dir)
+        raise TrainingError(f"the disk holding {r.dir} is full ({free:.0f} MB free) while saving the checkpoint of "
+                            f"step {r.step}: free some space and continue with --resume (from "
+                            f"{last.name if last else 'the start'})") from None
+
+
+def disk_full(e: BaseException) -> bool:
+    """ENOSPC, as Python raises it or as torch.save reports it from its C++ writer."""
+    return getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or \
+        "inline_container" in str(e)

@@ -162,7 +162,10 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         try:
             return _train(cfg, run_dir, ckpt, t_start, log, profile)
         except BaseException as e:
-            write_status(run_dir, state="failed", message=f"{type(e).__name__}: {e}"[:300])
+            try:
+                write_status(run_dir, state="failed", message=f"{type(e).__name__}: {e}"[:300])
+            except OSError:  # a full disk: the error itself matters more than the status file
+                pass
             raise
 
 
