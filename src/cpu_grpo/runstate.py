@@ -102,9 +102,6 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
                          "new run in another directory, or restore a checkpoint from a backup.")
     if resume and ckpt is None and not (run / "train_config.yaml").exists():
         raise SystemExit(f"--resume: {run} holds no run to continue: start a new run without --resume.")
-    if resume and ckpt is None:  # stopped before its first checkpoint: start again there, keeping the base eval
-        for name in ("metrics.jsonl", "groups.jsonl"):
-            cut_jsonl(run / name, 0)
     if not resume and (run / "metrics.jsonl").exists():
         raise SystemExit(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
                          "or --run-name (nothing was overwritten).")
@@ -114,7 +111,7 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
 
 def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[Run, object]:
     """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference).
-    Called under the run's lock: temporary directories of checkpoints a kill left half-written are removed."""
+    Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are removed."""
     checkpoint.remove_partial(run_dir)
     model, tok = prepare_model(cfg, log)
     ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
@@ -133,9 +130,12 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[
         run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
         if (ckpt / curriculum.EWC_FILE).exists():
             run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
-        dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl"))
-        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)"
-            + (f"; {dropped} log records of later steps dropped (they are done again)" if dropped else ""))
+        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
+    # records of steps after the checkpoint (all of them before a first one) are logged again as the steps rerun;
+    # a run stopped before its first checkpoint starts again in place, its base evaluation kept
+    dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl"))
+    if dropped:
+        log(f"{dropped} log records of steps after {ckpt or 'the start'} dropped: those steps run again")
     return run, ref
 
 

@@ -39,6 +39,7 @@ __all__ = ["train", "group_logprobs", "StopFlag", "bf16_supported", "run_dir_for
 
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
+COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning
 
 
 @dataclass
@@ -252,16 +253,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
                     log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the "
                         f"run, with {mb // 2}")
                     mb = mb_cap = mb // 2
-                if not math.isfinite(grad_norm):  # the update was skipped: the weights are as they were
-                    r.bad_steps += 1
-                    log(f"step {r.step + 1}: the gradient is not finite (loss {sums['loss']}): update skipped")
-                    if r.bad_steps >= BAD_STEPS:
-                        raise TrainingError(
-                            f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
-                            f"check --temperature and the rewards; the checkpoints in {run_dir / 'checkpoints'} "
-                            "hold the last finite weights")
-                else:
-                    r.bad_steps = 0
+                _count_non_finite(r, grad_norm, sums["loss"], log)
                 r.sched.step()
                 sampler.refresh()
                 r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
@@ -375,7 +367,18 @@ def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, floa
     return sums, float(grad_norm)
 
 
-COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning
+def _count_non_finite(r: Run, grad_norm: float, loss: float, log) -> None:
+    """A non-finite gradient skipped the update (the weights are as they were): say so, and stop the run after
+    BAD_STEPS such steps in a row."""
+    if math.isfinite(grad_norm):
+        r.bad_steps = 0
+        return
+    r.bad_steps += 1
+    log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
+    if r.bad_steps >= BAD_STEPS:
+        raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, check "
+                            f"--temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold the last "
+                            "finite weights")
 
 
 def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
