@@ -50,7 +50,8 @@ def app(tmp_path, tiny_model):
     (tmp_path / "my_rewards.py").write_text(REWARD)
     port = free_port()
     log = open(tmp_path / "app.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "cpu_grpo.cli", "app", "--runs-dir", "runs", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "cpu_grpo.cli", "app", "--runs-dir", "runs", "--port", str(port),
+                             "--data-dir", ".", "--data-dir", tiny_model, "--allow-code"],  # what the test uses
                             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 90

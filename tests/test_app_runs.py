@@ -197,3 +197,27 @@ def test_eval_table_keeps_headings_and_tables():
     table = views.eval_table(output)
     assert table.startswith("accuracy (95% CI):\n\n| level | n | auto |") and "the work (95% CI):" in table
     assert "Loading" not in table and views.eval_table("no table here") == ""
+
+
+def test_the_page_touches_no_file_outside_its_directories_and_runs_no_code_unless_allowed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root, data = tmp_path / "runs", tmp_path / "data"
+    policy = runs.Policy(root)
+    assert policy.train_problem("smollm2-135m", "", {"task": "basic", "stages": "basic:10,advanced:5"}) is None
+    assert policy.train_problem("HuggingFaceTB/SmolLM2-135M-Instruct", "", {"task": "gsm8k"}) is None
+    assert policy.train_problem("runs/x/checkpoints/step-000010", "runs/x/train_config.yaml", {}) is None
+    for model, config_file, knobs, words in [
+        ("/etc", "", {}, "model: /etc is outside the runs directory"),
+        ("smollm2-135m", "/etc/passwd", {}, "config file: /etc/passwd is outside"),
+        ("smollm2-135m", "", {"task": "data/x.jsonl"}, "task: data/x.jsonl is outside"),
+        ("smollm2-135m", "", {"eval_task": "basic,../secret.jsonl"}, "eval_task: ../secret.jsonl is outside"),
+        ("smollm2-135m", "", {"task": "runs/../../x.jsonl"}, "is outside"),
+        ("smollm2-135m", "", {"rewards": "correctness,my.py:f"}, "unless the app was started with --allow-code"),
+    ]:
+        assert words in policy.train_problem(model, config_file, knobs)
+    (root / "link").parent.mkdir(parents=True)
+    (root / "link").symlink_to("/etc")  # a link inside the runs directory does not open the rest of the disk
+    assert "is outside" in policy.model_problem("runs/link")
+    allowed = runs.Policy(root, (data,), allow_code=True)
+    assert allowed.train_problem("smollm2-135m", "", {"task": "data/x.jsonl", "rewards": "my.py:f"}) is None
+    assert "start the app with --data-dir" in policy.task_problem("task", "data/x.jsonl")

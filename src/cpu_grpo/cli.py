@@ -103,7 +103,8 @@ def cmd_app(args) -> int:
     except ImportError:
         print("cpu-grpo: the web app needs gradio: pip install 'cpu-grpo[app]'.", file=sys.stderr)
         return 2
-    launch(args.runs_dir, args.host, args.port, args.auth, args.share)
+    launch(args.runs_dir, args.host, args.port, args.auth, args.share, data_dirs=tuple(args.data_dir),
+           allow_code=args.allow_code)
     return 0
 
 
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--auth", default=None, metavar="USER:PASSWORD", help="ask for this login")
     p.add_argument("--share", action="store_true", help="also open a public share link (off unless asked)")
+    p.add_argument("--data-dir", action="append", default=[], metavar="DIR", help="a directory whose files (data, "
+                   "models, configs) the page may use besides the runs directory; repeatable")
+    p.add_argument("--allow-code", action="store_true", help="let the page load reward functions from files and "
+                   "modules (they run code in the training process)")
     p.set_defaults(func=cmd_app)
     args = parser.parse_args(argv)
     try:

@@ -118,8 +118,8 @@ def on_run_change(root: Path, name: str | None):
 # Train
 
 
-def _command(root: Path, knob_names: list[str], values: list):
-    """(run dir, command, resume, error) from the Train tab's fields."""
+def _command(policy: runs.Policy, knob_names: list[str], values: list):
+    """(run dir, command, resume, error) from the Train tab's fields; paths and code as the policy allows."""
     model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
     profile = profile or ""
     name = (run_name or "").strip() or f"{profile or 'default'}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -132,28 +132,29 @@ def _command(root: Path, knob_names: list[str], values: list):
         overrides.update(runs.parse_extra(extra))
     except ValueError as e:
         return None, None, resume, str(e)
-    error = runs.check_config(profile, (config_file or "").strip(), {**overrides, "model": model})
-    run = Path(root) / name
+    error = policy.train_problem(model or "", (config_file or "").strip(), overrides) or \
+        runs.check_config(profile, (config_file or "").strip(), {**overrides, "model": model})
+    run = Path(policy.root) / name
     cmd = runs.build_command(run, model or "", profile, (config_file or "").strip(), overrides, bool(resume))
     return run, cmd, bool(resume), error
 
 
-def preview(root: Path, knob_names: list[str], *values):
-    run, cmd, _, error = _command(root, knob_names, list(values))
+def preview(policy: runs.Policy, knob_names: list[str], *values):
+    run, cmd, _, error = _command(policy, knob_names, list(values))
     text = runs.preview(cmd) if cmd else ""
     return text, f"⚠️ {error}" if error else "This is the command that Start runs."
 
 
-def start(root: Path, knob_names: list[str], *values):
+def start(policy: runs.Policy, knob_names: list[str], *values):
     import gradio as gr
 
-    run, cmd, resume, error = _command(root, knob_names, list(values))
+    run, cmd, resume, error = _command(policy, knob_names, list(values))
     if error:
         return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
     pid, message = runs.start(cmd, run, resume)
     if pid is None:
         return runs.preview(cmd), f"⚠️ Not started: {message}", gr.skip()
-    return runs.preview(cmd), message, gr.update(choices=run_names(root), value=run.name)
+    return runs.preview(cmd), message, gr.update(choices=run_names(policy.root), value=run.name)
 
 
 def stop(root: Path, name: str | None) -> str:
@@ -187,11 +188,15 @@ def groups_show(root: Path, name: str | None, step):
 # Evaluate and compare, Try
 
 
-def evaluate(root: Path, name: str | None, model: str, task: str, n, max_new_tokens):
+def evaluate(policy: runs.Policy, name: str | None, model: str, task: str, n, max_new_tokens):
     """Run `cpu-grpo eval` as a separate process; stream its output; end with its accuracy table."""
-    run = run_path(root, name)
+    run = run_path(policy.root, name)
     if run is None or not model:
         yield "Choose a run and a model or checkpoint to evaluate.", ""
+        return
+    refusal = policy.model_problem(model) or policy.task_problem("task", task or "")
+    if refusal:
+        yield f"Not evaluated: {refusal}", ""
         return
     out = runs.eval_output(run, model, task or "basic", n or 50)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -221,8 +226,12 @@ def compare(root: Path, name: str | None, other: str | None):
     return views.compare_markdown(a, b), views.summary_markdown(a), views.summary_markdown(b)
 
 
-def ask(model_a: str, model_b: str, question: str, instruction: str, max_new_tokens):
+def ask(policy: runs.Policy, model_a: str, model_b: str, question: str, instruction: str, max_new_tokens):
     """The same question to two models, one after the other (the first answer shows as soon as it is ready)."""
+    refusal = policy.model_problem(model_a or "") or policy.model_problem(model_b or "")
+    if refusal:
+        yield f"Not asked: {refusal}", ""
+        return
     first = chat.answer(model_a, question, instruction, int(max_new_tokens or 128))
     yield first, "…"
     yield first, chat.answer(model_b, question, instruction, int(max_new_tokens or 128))

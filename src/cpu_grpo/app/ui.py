@@ -41,7 +41,7 @@ def _knob_boxes(gr) -> tuple[list[str], list]:
     return names, boxes
 
 
-def _train_tab(gr, root: Path, run):
+def _train_tab(gr, policy, run):
     from ..config import PROFILES
 
     with gr.Tab("Train", elem_id="tab-train"):
@@ -66,9 +66,9 @@ def _train_tab(gr, root: Path, run):
         command = gr.Code(label="command", language="shell", elem_id="train-command", interactive=False)
         message = gr.Markdown(elem_id="train-message")
     inputs = [model, profile, config_file, run_name, resume, use_lora, extra, *boxes]
-    preview.click(partial(handlers.preview, root, knob_names), inputs, [command, message])
-    start.click(partial(handlers.start, root, knob_names), inputs, [command, message, run])
-    stop.click(partial(handlers.stop, root), [run], [message])
+    preview.click(partial(handlers.preview, policy, knob_names), inputs, [command, message])
+    start.click(partial(handlers.start, policy, knob_names), inputs, [command, message, run])
+    stop.click(partial(handlers.stop, policy.root), [run], [message])
 
 
 def _watch_tab(gr, root: Path, run) -> list:
@@ -105,7 +105,7 @@ def _groups_tab(gr, root: Path, run):
     return step, body
 
 
-def _eval_tab(gr, root: Path, run):
+def _eval_tab(gr, policy, run):
     with gr.Tab("Evaluate and compare", elem_id="tab-evaluate") as tab:
         summary = gr.Markdown(elem_id="eval-summary")
         gr.Markdown("#### Evaluate a checkpoint (greedy, held-out problems, a separate process)")
@@ -125,12 +125,12 @@ def _eval_tab(gr, root: Path, run):
         cmp_md = gr.Markdown(elem_id="compare-md")
         with gr.Row():
             side_a, side_b = gr.Markdown(elem_id="compare-a"), gr.Markdown(elem_id="compare-b")
-    go.click(partial(handlers.evaluate, root), [run, model, task, n, max_new], [log, table])
-    cmp.click(partial(handlers.compare, root), [run, other], [cmp_md, side_a, side_b])
+    go.click(partial(handlers.evaluate, policy), [run, model, task, n, max_new], [log, table])
+    cmp.click(partial(handlers.compare, policy.root), [run, other], [cmp_md, side_a, side_b])
     return tab, model, summary, other
 
 
-def _try_tab(gr):
+def _try_tab(gr, policy):
     from ..config import TrainConfig
 
     with gr.Tab("Try", elem_id="tab-try") as tab:
@@ -148,26 +148,29 @@ def _try_tab(gr):
         with gr.Row():
             answer_a = gr.Textbox(label="answer A", lines=8, elem_id="try-answer-a")
             answer_b = gr.Textbox(label="answer B", lines=8, elem_id="try-answer-b")
-    ask.click(handlers.ask, [model_a, model_b, question, instruction, max_new], [answer_a, answer_b])
+    ask.click(partial(handlers.ask, policy), [model_a, model_b, question, instruction, max_new], [answer_a, answer_b])
     return tab, model_a, model_b
 
 
-def build_app(root: Path | str):
-    """The gr.Blocks of the page, over the runs under `root`."""
+def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False):
+    """The gr.Blocks of the page, over the runs under `root` (paths and code as `runs.Policy` allows)."""
     import gradio as gr
 
+    from .runs import Policy
+
     root = Path(root)
+    policy = Policy(root, tuple(Path(d) for d in data_dirs), allow_code)
     with gr.Blocks(title="cpu-grpo", analytics_enabled=False) as demo:
         gr.Markdown(f"## cpu-grpo · runs in `{root}`")
         with gr.Row():
             run = gr.Dropdown(label="run", choices=handlers.run_names(root), elem_id="run-select", scale=4)
             refresh = gr.Button("Refresh runs", elem_id="runs-refresh", scale=0)
         with gr.Tabs():
-            _train_tab(gr, root, run)
+            _train_tab(gr, policy, run)
             watch_outputs = _watch_tab(gr, root, run)
             step, groups_body = _groups_tab(gr, root, run)
-            eval_tab, eval_model, summary, other = _eval_tab(gr, root, run)
-            try_tab, try_a, try_b = _try_tab(gr)
+            eval_tab, eval_model, summary, other = _eval_tab(gr, policy, run)
+            try_tab, try_a, try_b = _try_tab(gr, policy)
         seen, picked = gr.State({}), gr.State(None)
         gr.Timer(TICK_SECONDS).tick(partial(handlers.tick, root), [run, seen], [run, *watch_outputs, seen],
                                     show_progress="hidden")
@@ -191,14 +194,14 @@ def _credentials(auth: str | None) -> tuple[str, str] | None:
 
 
 def launch(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, auth: str | None = None,
-           share: bool = False, block: bool = True):
+           share: bool = False, block: bool = True, data_dirs: tuple = (), allow_code: bool = False):
     """Serve the page. Bound to 127.0.0.1 unless --host says otherwise; a public link only with --share."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     credentials = _credentials(auth)
     if host not in ("127.0.0.1", "localhost", "::1") and credentials is None:
         print(f"cpu-grpo app: serving on {host} without --auth: anyone who can reach this address can start "
               "and stop runs.", file=sys.stderr)
-    demo = build_app(runs_dir)
+    demo = build_app(runs_dir, data_dirs, allow_code)
     demo.queue(default_concurrency_limit=4)
     try:
         return demo.launch(server_name=host, server_port=port, auth=credentials, share=share, show_error=True,
