@@ -77,3 +77,13 @@ def test_a_question_longer_than_the_context_is_one_sentence(tiny_model, tmp_path
     assert main(["eval", "--model", tiny_model, "--task", str(data), "--max-new-tokens", "8"]) == 2
     err = capsys.readouterr().err
     assert "tokens plus 8 new tokens exceeds the model's context of 1024" in err and "Traceback" not in err
+
+
+def test_every_user_error_is_one_class():
+    """The command line and the page catch UserError by type: every error a user can fix derives from it."""
+    from cpu_grpo import compare, config, metrics, models, rewards, rollout, runstate, tasks
+    from cpu_grpo.errors import RunDirError, UserError
+
+    for cls in (config.ConfigError, tasks.TaskError, rewards.RewardError, models.ModelError, metrics.MetricError,
+                compare.RunError, runstate.TrainingError, rollout.PromptTooLong, RunDirError):
+        assert issubclass(cls, UserError), cls

@@ -12,6 +12,7 @@ from test_train import tiny_cfg
 
 from cpu_grpo import checkpoint, config, curriculum
 from cpu_grpo import train as train_mod
+from cpu_grpo.errors import RunDirError
 from cpu_grpo.tracking import read_jsonl, stage_eval_path
 from cpu_grpo.train import train
 
@@ -151,7 +152,7 @@ def test_a_second_process_on_a_busy_run_dir_is_refused(tmp_path):
     from cpu_grpo.tracking import RunLock
 
     (tmp_path / "run.lock").write_text(json.dumps({"pid": 1, "started": 0}))  # pid 1 is alive
-    with pytest.raises(SystemExit, match="is being trained by process 1"):
+    with pytest.raises(RunDirError, match="is being trained by process 1"):
         RunLock(tmp_path).__enter__()
     (tmp_path / "run.lock").write_text(json.dumps({"pid": 2 ** 22 + 12345, "started": 0}))  # stale
     with RunLock(tmp_path):

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from cpu_grpo import checkpoint, config
 from cpu_grpo.cli import main
+from cpu_grpo.errors import RunDirError
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
@@ -77,7 +78,7 @@ def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
     before = (out / "metrics.jsonl").read_text()
-    with pytest.raises(SystemExit, match="already holds a run"):
+    with pytest.raises(RunDirError, match="already holds a run"):
         train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
     assert (out / "metrics.jsonl").read_text() == before
 
@@ -254,7 +255,7 @@ def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tm
     shutil.rmtree(out / "checkpoints")  # as if killed before any checkpoint
     train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2), resume=True, log=lambda *a: None)
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
-    with pytest.raises(SystemExit, match="holds no run to continue"):
+    with pytest.raises(RunDirError, match="holds no run to continue"):
         train(tiny_cfg(tiny_model, tmp_path / "empty", reward_file), resume=True, log=lambda *a: None)
 
 

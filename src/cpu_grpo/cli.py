@@ -7,6 +7,7 @@ import sys
 from dataclasses import fields
 
 from . import config as config_mod
+from .errors import UserError
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -158,14 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside the training loop (which saves a checkpoint and returns by itself)
         print("cpu-grpo: interrupted; nothing was saved from the step in progress.", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as e:  # our errors: one sentence, no traceback
-        name = type(e).__name__
-        if name in ("ConfigError", "TaskError", "RewardError", "ModelError", "MetricError", "RunError",
-                    "TrainingError", "PromptTooLong") or \
-                isinstance(e, FileNotFoundError):
-            print(f"cpu-grpo: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (UserError, FileNotFoundError) as e:  # ours: one sentence, no traceback
+        print(f"cpu-grpo: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ import math
 from pathlib import Path
 
 from . import stats
+from .errors import UserError
 from .tracking import read_jsonl
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "train_config.yaml")
 
 
-class RunError(ValueError):
+class RunError(UserError):
     """A path that is not a run directory; the message says what to pass instead."""
 
 

@@ -11,8 +11,10 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A configuration the user can fix; the message says how."""
 
 

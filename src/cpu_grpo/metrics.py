@@ -38,10 +38,11 @@ import threading
 from fractions import Fraction
 from typing import NamedTuple
 
+from .errors import UserError
 from .rewards import answers_match, extract_answer, parse_number
 
 
-class MetricError(ValueError):
+class MetricError(UserError):
     """A metric that cannot run as asked (a missing optional package); the message says what to do."""
 
 

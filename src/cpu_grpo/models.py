@@ -19,8 +19,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
 
-class ModelError(ValueError):
+
+class ModelError(UserError):
     """A model argument that cannot be resolved; the message says what to do."""
 
 

@@ -21,10 +21,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .errors import UserError
+
 RewardFn = Callable[..., list[float]]
 
 
-class RewardError(ValueError):
+class RewardError(UserError):
     """A reward spec or reward input a user can fix; the message says how."""
 
 

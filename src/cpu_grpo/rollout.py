@@ -23,6 +23,7 @@ import math
 import torch
 from torch import Tensor
 
+from .errors import UserError
 from .llama import (
     PrefixCache,
     cached_forward,
@@ -40,7 +41,7 @@ def _plain_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer", "")
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(UserError):
     """A prompt that does not fit the model's context with the completion; the message says what to do."""
 
 

@@ -13,12 +13,13 @@ import torch
 
 from . import checkpoint, curriculum, evaluate
 from .config import TrainConfig
+from .errors import RunDirError, UserError
 from .models import load_model
 from .rollout import Sampler, eos_ids
 from .tracking import cut_jsonl
 
 
-class TrainingError(ValueError):
+class TrainingError(UserError):
     """Training cannot go on (non-finite gradients or weights); the message says what to change."""
 
 
@@ -94,16 +95,16 @@ class Run:
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
     """The run directory and the checkpoint to resume from; refuses to overwrite or to resume nothing."""
     if resume and not (cfg.output_dir or cfg.run_name):
-        raise SystemExit("--resume needs the run to continue: pass its --output-dir or --run-name.")
+        raise RunDirError("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
     ckpt = checkpoint.latest_good(run) if resume else None
     if resume and ckpt is None and checkpoint.complete(run / "checkpoints"):
-        raise SystemExit(f"--resume: no checkpoint under {run}/checkpoints loads (see the warnings above): start a "
+        raise RunDirError(f"--resume: no checkpoint under {run}/checkpoints loads (see the warnings above): start a "
                          "new run in another directory, or restore a checkpoint from a backup.")
     if resume and ckpt is None and not (run / "train_config.yaml").exists():
-        raise SystemExit(f"--resume: {run} holds no run to continue: start a new run without --resume.")
+        raise RunDirError(f"--resume: {run} holds no run to continue: start a new run without --resume.")
     if not resume and (run / "metrics.jsonl").exists():
-        raise SystemExit(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
+        raise RunDirError(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
                          "or --run-name (nothing was overwritten).")
     run.mkdir(parents=True, exist_ok=True)
     return run, ckpt

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from .errors import UserError
+
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
@@ -29,7 +31,7 @@ _UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, g
             "or hf:NAME.")
 
 
-class TaskError(ValueError):
+class TaskError(UserError):
     """A problem the user caused (bad level, path, data line); the message says what to do."""
 
 

@@ -12,6 +12,8 @@ import re
 import resource
 from pathlib import Path
 
+from .errors import RunDirError
+
 
 def code_version() -> str:
     """The git commit of this source tree ("-dirty" when the package has uncommitted changes), else the version."""
@@ -206,7 +208,7 @@ class RunLock:
 
         holder = lock_holder(self.path.parent)
         if holder is not None and holder != os.getpid():
-            raise SystemExit(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
+            raise RunDirError(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
                              "stop it, or choose another --output-dir.")
         self.path.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
         return self

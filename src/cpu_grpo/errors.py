@@ -1,0 +1,10 @@
+"""Errors a user can fix. The command line and the web page print their message (one sentence that says what to
+do) without a traceback; anything else is a bug and keeps its traceback."""
+
+
+class UserError(ValueError):
+    """A config, data file, model, reward, run directory or input the user can fix; the message says how."""
+
+
+class RunDirError(UserError):
+    """A run directory that cannot be used as asked (busy, holding another run, nothing to resume)."""
