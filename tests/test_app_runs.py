@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cpu_grpo.app import runs, views
+from cpu_grpo.app.policy import Policy
 
 APP = Path(__file__).resolve().parents[1] / "src" / "cpu_grpo" / "app"
 
@@ -202,7 +203,7 @@ def test_eval_table_keeps_headings_and_tables():
 def test_the_page_touches_no_file_outside_its_directories_and_runs_no_code_unless_allowed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     root, data = tmp_path / "runs", tmp_path / "data"
-    policy = runs.Policy(root)
+    policy = Policy(root)
     assert policy.train_problem("smollm2-135m", "", {"task": "basic", "stages": "basic:10,advanced:5"}) is None
     assert policy.train_problem("HuggingFaceTB/SmolLM2-135M-Instruct", "", {"task": "gsm8k"}) is None
     assert policy.train_problem("runs/x/checkpoints/step-000010", "runs/x/train_config.yaml", {}) is None
@@ -218,6 +219,6 @@ def test_the_page_touches_no_file_outside_its_directories_and_runs_no_code_unles
     (root / "link").parent.mkdir(parents=True)
     (root / "link").symlink_to("/etc")  # a link inside the runs directory does not open the rest of the disk
     assert "is outside" in policy.model_problem("runs/link")
-    allowed = runs.Policy(root, (data,), allow_code=True)
+    allowed = Policy(root, (data,), allow_code=True)
     assert allowed.train_problem("smollm2-135m", "", {"task": "data/x.jsonl", "rewards": "my.py:f"}) is None
     assert "start the app with --data-dir" in policy.task_problem("task", "data/x.jsonl")

@@ -9,7 +9,7 @@ import pytest
 from cpu_grpo import compare as compare_mod
 from cpu_grpo.cli import main
 from cpu_grpo.compare import RunError, compare_runs
-from cpu_grpo.evaluate import compare
+from cpu_grpo.evaltables import compare
 from cpu_grpo.tracking import read_jsonl
 
 

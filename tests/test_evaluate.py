@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from types import SimpleNamespace
 
-from cpu_grpo import config, evaluate
+from cpu_grpo import evaluate
 from cpu_grpo.tasks import Example
 from cpu_grpo.tracking import read_jsonl
 
@@ -91,24 +90,3 @@ def test_run_sampled_groups_seed_and_output(tmp_path):
     assert [r["completions"] for r in records] == [texts[:2], texts[2:]]
     assert [r["pass_at"]["1"] for r in records] == [0.5, 1.0] and [r["maj_correct"] for r in records] == [True, True]
     assert read_jsonl(path) == records
-
-
-def test_write_summary_and_report(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    before = [{"id": "b-1", "difficulty": "basic", "question": "Q1?", "answer": "18", "completion": "#### 17",
-               "correct": False, "consistent": None, "calc_steps": 0},
-              {"id": "b-2", "difficulty": "basic", "question": "Q2?", "answer": "7", "completion": "#### 7",
-               "correct": True, "consistent": None, "calc_steps": 0}]
-    after = [dict(before[0], completion="9 * 2 = 18\n#### 18", correct=True, consistent=True, calc_steps=1),
-             dict(before[1])]
-    for name, recs in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
-        (run / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
-    cfg = config.build(None, None, {"model": "m", "task": "basic"})
-    summary = evaluate.write_summary(run, cfg, 3, 60.0, log=lambda *a: None)
-    assert summary["levels"]["basic"]["after"]["accuracy"] == 1.0  # the existing keys stay
-    assert summary["metrics"]["basic"]["calc_steps"]["after"]["mean"] == 0.5
-    assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
-    report = (run / "report.md").read_text()
-    assert "## Every metric, per level" in report and "| accuracy (auto extractor) | 2 | 50.0% (" in report
-    assert "## Problems that changed" in report and "'9 * 2 = 18\\n#### 18'" in report

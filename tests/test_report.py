@@ -6,7 +6,7 @@ import doctest
 import json
 import sys
 
-from cpu_grpo import plots, report
+from cpu_grpo import config, plots, report
 from cpu_grpo.plots import series, stage_boundaries, write_plots
 from cpu_grpo.report import forgetting_lines, forgetting_table
 
@@ -93,3 +93,24 @@ def test_report_embeds_plots_or_says_why_not(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     text = report.write_report(tmp_path, None, summary).read_text()
     assert "(No plots: matplotlib is not installed: run `pip install matplotlib` to get the plots.)" in text
+
+
+def test_write_summary_and_report(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    before = [{"id": "b-1", "difficulty": "basic", "question": "Q1?", "answer": "18", "completion": "#### 17",
+               "correct": False, "consistent": None, "calc_steps": 0},
+              {"id": "b-2", "difficulty": "basic", "question": "Q2?", "answer": "7", "completion": "#### 7",
+               "correct": True, "consistent": None, "calc_steps": 0}]
+    after = [dict(before[0], completion="9 * 2 = 18\n#### 18", correct=True, consistent=True, calc_steps=1),
+             dict(before[1])]
+    for name, recs in (("eval_before.jsonl", before), ("eval_after.jsonl", after)):
+        (run / name).write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cfg = config.build(None, None, {"model": "m", "task": "basic"})
+    summary = report.write_summary(run, cfg, 3, 60.0, log=lambda *a: None)
+    assert summary["levels"]["basic"]["after"]["accuracy"] == 1.0  # the existing keys stay
+    assert summary["metrics"]["basic"]["calc_steps"]["after"]["mean"] == 0.5
+    assert json.loads((run / "summary.json").read_text()) == json.loads(json.dumps(summary))
+    text = (run / "report.md").read_text()
+    assert "## Every metric, per level" in text and "| accuracy (auto extractor) | 2 | 50.0% (" in text
+    assert "## Problems that changed" in text and "'9 * 2 = 18\\n#### 18'" in text

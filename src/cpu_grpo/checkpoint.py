@@ -134,3 +134,24 @@ def restore_rng(state: dict, generator: torch.Generator) -> None:
 
     torch.set_rng_state(state["torch"])
     generator.set_state(state["sampler"])
+
+
+def load_weights(model, ckpt: Path):
+    """Load a checkpoint's trained weights (full model or LoRA adapter) into an already built model."""
+    from safetensors.torch import load_file
+
+    adapter = Path(ckpt) / "adapter_model.safetensors"
+    if adapter.exists():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(adapter))
+        return model
+    state = {}
+    for f in sorted(Path(ckpt).glob("model*.safetensors")):  # not ewc.safetensors
+        state.update(load_file(f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"checkpoint {ckpt} does not fit this model (missing {list(missing)[:3]}, unexpected "
+                         f"{list(unexpected)[:3]}): resume with the same --model as the run.")
+    return model

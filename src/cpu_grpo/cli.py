@@ -63,9 +63,9 @@ def cmd_eval(args) -> int:
         return 2
     from .evaltables import level_tables, metric_summary, sampled_summary, sampled_table
     from .evaluate import run_eval, run_sampled
+    from .loaders import load_task
     from .models import load_model, set_threads
     from .rollout import Sampler, eos_ids
-    from .tasks import load_task
 
     cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens,
                                         **({"instruction": args.instruction} if args.instruction is not None else {})})

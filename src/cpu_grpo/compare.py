@@ -80,7 +80,7 @@ def _config_section(a: Path, b: Path) -> list[str]:
 
 
 def _runs_section(a: Path, b: Path) -> list[str]:
-    from .evaluate import table
+    from .evaltables import accuracy_table as table
     from .report import forgetting_table
 
     out = ["## Before and after training, each run", ""]
@@ -102,7 +102,8 @@ def _runs_section(a: Path, b: Path) -> list[str]:
 
 
 def _paired_section(a: Path, b: Path) -> list[str]:
-    from .evaluate import compare, table
+    from .evaltables import accuracy_table as table
+    from .evaltables import compare
 
     ra, rb = read_jsonl(a / "eval_after.jsonl"), read_jsonl(b / "eval_after.jsonl")
     head = ["## Run B against run A after training (paired, same problems)", ""]

@@ -251,17 +251,17 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     mine = {**(load_file(file) if file else {}), **(overrides or {})}
     if "task" in mine and "stages" not in mine:  # a task of your own replaces the profile's curriculum
         values.pop("stages", None)
-    fixed = [str(x) for x in values.get("stages", []) if isinstance(x, str) and ":" in x]
-    if "steps" in mine and "stages" not in mine and fixed and len(fixed) == len(values["stages"]):
-        raise ConfigError(f"steps {mine['steps']} would be ignored: profile '{profile}' gives each stage its steps "
-                          f"({','.join(fixed)}); set them with --stages, e.g. --stages "
-                          f"{','.join(x.split(':')[0] + ':N' for x in fixed)}")
     values.update(mine)
     known = {f.name: f for f in fields(TrainConfig)}
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
     coerced = {k: coerce(known[k], v) for k, v in values.items()}
+    fixed = [str(x) for x in values.get("stages", []) if isinstance(x, str) and ":" in x]
+    if "steps" in mine and "stages" not in mine and fixed and len(fixed) == len(values["stages"]):
+        raise ConfigError(f"steps {coerced['steps']} would be ignored: profile '{profile}' gives each stage its "
+                          f"steps ({','.join(fixed)}); set them with --stages, e.g. --stages "
+                          f"{','.join(x.split(':')[0] + ':N' for x in fixed)}")
     return TrainConfig(**coerced)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from . import stats, tasks
+from . import loaders, stats, tasks
 from .config import Stage, TrainConfig, plan
 from .tracking import read_jsonl, stage_eval_path
 
@@ -26,7 +26,7 @@ EWC_FILE = "ewc.safetensors"
 
 # ---------------------------------------------------------------------------- data of a stage
 def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
-    return tasks.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
+    return loaders.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
 
 
 def eval_specs(cfg: TrainConfig) -> list[str]:

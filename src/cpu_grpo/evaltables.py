@@ -104,9 +104,22 @@ def metric_summary(before: list[dict], after: list[dict] | None = None, keys=(*R
     return out
 
 
+def pct_cell(s: dict | None, value: str = "accuracy", n: bool = False) -> str:
+    """A rate with its 95% interval, the one way every table writes it: "46.0% (39.9-52.2)" (", n=250" with n).
+
+    >>> pct_cell({"accuracy": 0.46, "ci95": [0.399, 0.522], "n": 250}, n=True)
+    '46.0% (39.9-52.2, n=250)'
+    """
+    if not s or value not in s:
+        return "-"
+    lo, hi = s.get("ci95") or [math.nan, math.nan]
+    count = f", n={s['n']}" if n else ""
+    return f"{100 * s[value]:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}{count})"
+
+
 def _fmt(s: dict, rate: bool) -> str:
     if rate:
-        return f"{100 * s['accuracy']:.1f}% ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})"
+        return pct_cell(s)
     if s["n"] == 0:
         return "-"
     return f"{s['mean']:.2f} ({s['ci95'][0]:.2f}-{s['ci95'][1]:.2f})"
@@ -222,9 +235,33 @@ def sampled_table(summary: dict) -> str:
     for level, entry in summary.items():
         cells = []
         for c in cols:
-            s = entry[c]
-            v = s["accuracy"] if c.startswith("maj") else s["mean"]
-            lo, hi = s["ci95"]
-            cells.append(f"{100 * v:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})")
+            cells.append(pct_cell(entry[c], "accuracy" if c.startswith("maj") else "mean"))
         rows.append(f"| {level} | {entry[cols[-1]]['n']} | " + " | ".join(cells) + " |")
+    return head + "\n".join(rows) + "\n"
+
+
+def compare(before: list[dict], after: list[dict]) -> dict:
+    """Per level: before/after accuracy with Wilson intervals, paired difference with bootstrap CI and McNemar."""
+    return accuracy_levels(metric_summary(before, after, keys=("correct",)))
+
+
+def accuracy_levels(metrics: dict) -> dict:
+    """The accuracy entries of a metric summary (evaltables.metric_summary), each change with its sentence."""
+    out = {}
+    for level, entries in metrics.items():
+        entry = dict(entries["correct"])
+        if "delta" in entry:
+            entry["delta"] = {**entry["delta"], "sentence": stats.significance_sentence(entry["delta"], level)}
+        out[level] = entry
+    return out
+
+
+def accuracy_table(levels: dict) -> str:
+    """Markdown table of a before/after comparison (`compare`, `accuracy_levels`): a row per level."""
+    head = "| level | n | before (95% CI) | after (95% CI) | change (95% CI) | McNemar p |\n|---|---|---|---|---|---|\n"
+    rows = []
+    for level, e in levels.items():
+        after = pct_cell(e["after"]) if "after" in e else "-"
+        change, p = _fmt_delta(e["delta"], rate=True) if "delta" in e else ("-", "-")
+        rows.append(f"| {level} | {e['before']['n']} | {pct_cell(e['before'])} | {after} | {change} | {p} |")
     return head + "\n".join(rows) + "\n"

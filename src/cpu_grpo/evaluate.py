@@ -1,9 +1,9 @@
 """Evaluation: greedy answers on held-out problems, accuracy per difficulty with intervals, before/after.
 
-Every accuracy carries a 95% Wilson interval; a before/after change on the same problems carries the
-paired difference with a bootstrap interval and McNemar's exact p-value (stats.py). Each record holds
-every per-completion metric of metrics.py; evaltables.py turns them into tables. `run_sampled` draws
-k completions per problem instead, for pass@k and majority-vote@k.
+This module runs the model; each record holds every per-completion metric of metrics.py. evaltables.py pairs
+before and after and makes the tables (Wilson intervals, paired bootstrap, McNemar); report.py writes
+summary.json and report.md. `run_sampled` draws k completions per problem instead, for pass@k and
+majority-vote@k.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from . import evaltables, metrics, rewards, stats, tasks
-from .tracking import code_version, read_jsonl
+from . import metrics, rewards, stats, tasks
 
 
 def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 64) -> list[dict]:
@@ -80,87 +79,3 @@ def run_sampled(sampler, tok, examples, cfg, k: int, temperature: float, seed: i
     if out_path is not None:
         Path(out_path).write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
-
-
-by_level = evaltables.by_level
-
-
-def compare(before: list[dict], after: list[dict]) -> dict:
-    """Per level: before/after accuracy with Wilson intervals, paired difference with bootstrap CI and McNemar."""
-    return accuracy_levels(evaltables.metric_summary(before, after, keys=("correct",)))
-
-
-def accuracy_levels(metrics: dict) -> dict:
-    """The accuracy entries of a metric summary (evaltables.metric_summary), each change with its sentence."""
-    out = {}
-    for level, entries in metrics.items():
-        entry = dict(entries["correct"])
-        if "delta" in entry:
-            entry["delta"] = {**entry["delta"], "sentence": stats.significance_sentence(entry["delta"], level)}
-        out[level] = entry
-    return out
-
-
-def table(levels: dict) -> str:
-    """Markdown table of a comparison."""
-    head = "| level | n | before (95% CI) | after (95% CI) | change (95% CI) | McNemar p |\n|---|---|---|---|---|---|\n"
-    rows = []
-    for level, e in levels.items():
-        def acc(s):
-            return f"{100 * s['accuracy']:.1f}% ({100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f})"
-        after = acc(e["after"]) if "after" in e else "-"
-        if "delta" in e:
-            d = e["delta"]
-            change = f"{100 * d['diff']:+.1f} ({100 * d['ci95'][0]:+.1f} to {100 * d['ci95'][1]:+.1f})"
-            p = f"{d['p_value']:.2g}"
-        else:
-            change, p = "-", "-"
-        rows.append(f"| {level} | {e['before']['n']} | {acc(e['before'])} | {after} | {change} | {p} |")
-    return head + "\n".join(rows) + "\n"
-
-
-def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "") -> dict:
-    """summary.json and report.md for a run; prints the before/after table and the report's path."""
-    from .report import write_report
-
-    before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
-    metrics = evaltables.metric_summary(before, after or None) if before else {}
-    levels = accuracy_levels(metrics)
-    from .config import plan
-
-    stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
-              for st in plan(cfg)]
-    summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
-               "profile": profile, "seed": cfg.seed, "commit": code_version(), "steps": steps,
-               "wall_seconds": round(wall, 1),
-               "levels": levels, "metrics": metrics}
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    report = write_report(run, cfg, summary)
-    if levels:
-        log("\n" + table(levels))
-        for e in levels.values():
-            if "delta" in e:
-                log(e["delta"]["sentence"])
-    log(f"report: {report}")
-    return summary
-
-
-def load_weights(model, ckpt: Path):
-    """Load a checkpoint's trained weights (full model or LoRA adapter) into an already built model."""
-    from safetensors.torch import load_file
-
-    adapter = Path(ckpt) / "adapter_model.safetensors"
-    if adapter.exists():
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, load_file(adapter))
-        return model
-    state = {}
-    for f in sorted(Path(ckpt).glob("model*.safetensors")):  # not ewc.safetensors
-        state.update(load_file(f))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"checkpoint {ckpt} does not fit this model (missing {list(missing)[:3]}, unexpected "
-                         f"{list(unexpected)[:3]}): resume with the same --model as the run.")
-    return model

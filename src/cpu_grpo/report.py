@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from . import stats
-from .tracking import file_safe, read_jsonl
+from .evaltables import accuracy_levels, accuracy_table, metric_sentences, metric_summary, metric_table, pct_cell
+from .tracking import code_version, file_safe, read_jsonl
 
 
 def _curve(metrics: list[dict], key: str, points: int = 8) -> str:
@@ -28,13 +29,6 @@ def _samples(run: Path, k: int = 3) -> str:
                    f"- before ({'right' if b['correct'] else 'wrong'}): {b['completion'].strip()[:600]!r}\n"
                    f"- after ({'right' if r['correct'] else 'wrong'}): {r['completion'].strip()[:600]!r}\n")
     return "\n".join(out) or "(no problem changed between before and after)"
-
-
-def _cell(c: dict | None) -> str:
-    if not c:
-        return "-"
-    lo, hi = c["ci95"]
-    return f"{100 * c['accuracy']:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}, n={c['n']})"
 
 
 def _stage_records(run: Path, after: str) -> list[dict]:
@@ -94,7 +88,7 @@ def forgetting_table(data: dict, run: Path | None = None) -> str:
     """
     levels = data.get("levels", [])
     head = "| after stage \\ evaluated level | " + " | ".join(levels) + " |\n|---|" + "---|" * len(levels) + "\n"
-    rows = [f"| {r['after']} | " + " | ".join(_cell(r["cells"].get(lv)) for lv in levels) + " |"
+    rows = [f"| {r['after']} | " + " | ".join(pct_cell(r["cells"].get(lv), n=True) for lv in levels) + " |"
             for r in data.get("rows", [])]
     lines = forgetting_lines(data, run)
     tail = ("\nChange on each level from right after its own stage to the end of training (forgetting when "
@@ -103,7 +97,6 @@ def forgetting_table(data: dict, run: Path | None = None) -> str:
 
 
 def _metrics_section(summary: dict) -> list[str]:
-    from .evaltables import metric_sentences, metric_table
 
     if not summary.get("metrics"):
         return []
@@ -147,14 +140,13 @@ def _stages(summary: dict) -> str:
 
 
 def write_report(run: Path, cfg, summary: dict) -> Path:
-    from .evaluate import table
 
     metrics = read_jsonl(run / "metrics.jsonl")
     lines = [f"# GRPO run `{run.name}`", "",
              f"Model `{summary['model']}`, {_stages(summary)}, {summary['steps']} steps, "
              f"{summary['wall_seconds'] / 60:.1f} minutes wall (evaluations included).", ""]
     if summary["levels"]:
-        lines += ["## Held-out accuracy, before and after (greedy)", "", table(summary["levels"])]
+        lines += ["## Held-out accuracy, before and after (greedy)", "", accuracy_table(summary["levels"])]
         lines += [e["delta"]["sentence"] for e in summary["levels"].values() if "delta" in e]
         lines += ["", "Intervals: Wilson for accuracies; paired bootstrap (10,000 resamples) for the change; "
                   "McNemar's exact test on the discordant pairs.", ""]
@@ -167,3 +159,26 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
     path = run / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "") -> dict:
+    """summary.json and report.md for a run; prints the before/after table and the report's path."""
+    from .config import plan
+
+    before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
+    metrics = metric_summary(before, after or None) if before else {}
+    levels = accuracy_levels(metrics)
+    stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
+              for st in plan(cfg)]
+    summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
+               "profile": profile, "seed": cfg.seed, "commit": code_version(), "steps": steps,
+               "wall_seconds": round(wall, 1), "levels": levels, "metrics": metrics}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    report = write_report(run, cfg, summary)
+    if levels:
+        log("\n" + accuracy_table(levels))
+        for e in levels.values():
+            if "delta" in e:
+                log(e["delta"]["sentence"])
+    log(f"report: {report}")
+    return summary

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, curriculum, evaluate
+from . import checkpoint, curriculum
 from .config import TrainConfig
 from .errors import RunDirError, UserError
 from .models import load_model
@@ -117,7 +117,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[
     model, tok = prepare_model(cfg, log)
     ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
     if ckpt is not None:
-        model = evaluate.load_weights(model, ckpt)
+        model = checkpoint.load_weights(model, ckpt)
     autocast = cfg.bf16 and bf16_supported()
     opt, sched = make_optimizer(cfg, model)
     run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,

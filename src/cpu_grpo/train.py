@@ -9,7 +9,10 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 4. Log-probs come from the hidden states and a chunked logsumexp, never a (N, T, V) fp32 log-softmax.
 5. A run is a list of curriculum stages (one by default). After each stage every held-out set is evaluated
    (a row of the forgetting matrix), the Fisher diagonal is estimated, and later stages add the EWC
-   penalty's gradient to the policy gradient (curriculum.py).
+   penalty's gradient to the policy gradient (stages.py around the loop, curriculum.py for the math).
+6. A completion cut at max_new_tokens scores 0 from every reward function (TRL scores it like any other, or
+   masks it out of the loss): an answer that never ends is no answer, and scoring it taught a model to write
+   its answer and then pad to the limit.
 """
 
 from __future__ import annotations
@@ -25,15 +28,16 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, curriculum, evaluate, rewards, tasks
+from . import checkpoint, curriculum, evaluate, report, rewards, tasks
 from .batching import auto_micro_rows, group_logprobs, micro_batches
-from .config import Stage, TrainConfig, describe, plan, save
+from .config import TrainConfig, describe, plan, save
 from .grpo import group_advantages, grpo_loss
 from .models import keep_freed_memory, set_threads
 from .rollout import encode_prompts
 from .runstate import Run, TrainingError, bf16_supported, build_run, open_run_dir, run_dir_for, save_checkpoint
+from .stages import enter_stage, finish_stage, promoted, stage_finished
 from .trackers import summary_metrics
-from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_json, read_jsonl, stage_eval_path, write_status
+from .tracking import RunLock, Tracker, append_jsonl, peak_rss_mb, read_json, stage_eval_path, write_status
 
 __all__ = ["train", "group_logprobs", "StopFlag", "bf16_supported", "run_dir_for"]
 
@@ -81,77 +85,6 @@ def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Exam
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
         total += w * torch.tensor(values).nan_to_num(0.0)
     return total, per_fn
-
-
-def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
-    """The stage's training problems and their order; its learning rate."""
-    cfg = r.cfg
-    data = curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train")
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
-    lr = stage.learning_rate or cfg.learning_rate
-    r.sched.base_lrs = [lr for _ in r.opt.param_groups]
-    for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
-        group["lr"] = lr * f(r.sched.last_epoch)
-    if n_stages > 1:
-        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}"
-              + (f", promoted at validation accuracy {stage.promote_at:.2f}" if stage.promote_at else ""))
-    return data, order
-
-
-def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
-    """Validation accuracy when a promotion check is due (else None)."""
-    if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
-        return None
-    records = evaluate.run_eval(r.sampler, r.tok, val, r.cfg, None, r.stops, log=lambda *a: None)
-    return sum(x["correct"] for x in records) / len(records)
-
-
-def estimate_fisher(r: Run, data: list[tasks.Example], order: list[int]) -> dict[str, torch.Tensor]:
-    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of the stage."""
-    cfg, n = r.cfg, r.cfg.fisher_samples
-    batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)]
-    prompts = encode_prompts(r.tok, [ex.question for ex in batch], cfg.instruction)
-    completions = r.sampler.generate(prompts, 1, cfg.max_new_tokens, r.stops, r.tok.pad_token_id, cfg.temperature,
-                                     cfg.top_k, cfg.top_p, r.gen)
-
-    def seq_logprob(i: int) -> torch.Tensor:
-        logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
-                                    r.autocast, cfg.gradient_checkpointing)
-        return (logp * mask).sum()
-
-    return curriculum.fisher_diagonal(r.model, seq_logprob, n)
-
-
-def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, order, promoted_at) -> None:
-    """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint."""
-    cfg, t0 = r.cfg, time.time()
-    if stage_finished(r.dir, k, r.step):  # resumed from this stage's own end checkpoint
-        return
-    record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
-              "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
-              "validation_accuracy": promoted_at}
-    path = stage_eval_path(r.dir, k, stage.name)
-    if eval_set:
-        write_status(r.dir, state="evaluating", stage=stage.name)
-        r.log(f"stage '{stage.name}' done: evaluating {len(eval_set)} held-out problems ...")
-        path.parent.mkdir(exist_ok=True)
-        evaluate.run_eval(r.sampler, r.tok, eval_set, cfg, path, r.stops, r.log)
-        curriculum.write_forgetting(r.dir, cfg)
-    record["eval_seconds"] = round(time.time() - t0, 1)
-    if cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages:
-        t1 = time.time()
-        r.ewc.add_stage(stage.name, estimate_fisher(r, data, order), dict(curriculum.trainable(r.model)))
-        record |= {"fisher_samples": cfg.fisher_samples, "fisher_seconds": round(time.time() - t1, 1)}
-        r.log(f"Fisher diagonal of stage '{stage.name}' from {cfg.fisher_samples} samples in "
-              f"{record['fisher_seconds']:.0f}s")
-    save_checkpoint(r, tag=stage.name)
-    append_jsonl(r.dir / "stages.jsonl", record)
-
-
-def stage_finished(run_dir: Path, k: int, step: int, promoted_only: bool = False) -> bool:
-    """Whether stage k ended at this step (its evaluation, Fisher and checkpoint are done), by promotion."""
-    return any(x["stage_index"] == k and x["end_step"] == step and (x["promoted"] or not promoted_only)
-               for x in read_jsonl(run_dir / "stages.jsonl"))
 
 
 def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=print) -> Path:
@@ -318,7 +251,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
     if eval_set:
         final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    summary = evaluate.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
+    summary = report.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
     tracker.finish(summary_metrics(summary, read_json(run_dir / "forgetting.json")))
     write_status(run_dir, state="finished", step=r.step)
     return run_dir

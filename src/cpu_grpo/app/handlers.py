@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from . import chat, runs, views
+from .policy import Policy
 
 PLOTS = [  # (elem_id, title, metrics; a trailing '/' takes every metric with that prefix)
     ("plot-reward", "reward (total and per function)", ["reward", "reward/"]),
@@ -118,7 +119,7 @@ def on_run_change(root: Path, name: str | None):
 # Train
 
 
-def _command(policy: runs.Policy, knob_names: list[str], values: list):
+def _command(policy: Policy, knob_names: list[str], values: list):
     """(run dir, command, resume, error) from the Train tab's fields; paths and code as the policy allows."""
     model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
     profile = profile or ""
@@ -139,13 +140,13 @@ def _command(policy: runs.Policy, knob_names: list[str], values: list):
     return run, cmd, bool(resume), error
 
 
-def preview(policy: runs.Policy, knob_names: list[str], *values):
+def preview(policy: Policy, knob_names: list[str], *values):
     run, cmd, _, error = _command(policy, knob_names, list(values))
     text = runs.preview(cmd) if cmd else ""
     return text, f"⚠️ {error}" if error else "This is the command that Start runs."
 
 
-def start(policy: runs.Policy, knob_names: list[str], *values):
+def start(policy: Policy, knob_names: list[str], *values):
     import gradio as gr
 
     run, cmd, resume, error = _command(policy, knob_names, list(values))
@@ -188,7 +189,7 @@ def groups_show(root: Path, name: str | None, step):
 # Evaluate and compare, Try
 
 
-def evaluate(policy: runs.Policy, name: str | None, model: str, task: str, n, max_new_tokens):
+def evaluate(policy: Policy, name: str | None, model: str, task: str, n, max_new_tokens):
     """Run `cpu-grpo eval` as a separate process; stream its output; end with its accuracy table."""
     run = run_path(policy.root, name)
     if run is None or not model:
@@ -226,7 +227,7 @@ def compare(root: Path, name: str | None, other: str | None):
     return views.compare_markdown(a, b), views.summary_markdown(a), views.summary_markdown(b)
 
 
-def ask(policy: runs.Policy, model_a: str, model_b: str, question: str, instruction: str, max_new_tokens):
+def ask(policy: Policy, model_a: str, model_b: str, question: str, instruction: str, max_new_tokens):
     """The same question to two models, one after the other (the first answer shows as soon as it is ready)."""
     refusal = policy.model_problem(model_a or "") or policy.model_problem(model_b or "")
     if refusal:

@@ -153,10 +153,10 @@ def _try_tab(gr, policy):
 
 
 def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False):
-    """The gr.Blocks of the page, over the runs under `root` (paths and code as `runs.Policy` allows)."""
+    """The gr.Blocks of the page, over the runs under `root` (paths and code as `Policy` allows)."""
     import gradio as gr
 
-    from .runs import Policy
+    from .policy import Policy
 
     root = Path(root)
     policy = Policy(root, tuple(Path(d) for d in data_dirs), allow_code)

@@ -117,10 +117,9 @@ def groups_html(groups: list[dict], step: int | None) -> str:
 
 
 def _acc(cell: dict | None) -> str:
-    if not cell or "accuracy" not in cell:
-        return "-"
-    ci = cell.get("ci95") or [math.nan, math.nan]
-    return f"{100 * cell['accuracy']:.1f}% ({100 * ci[0]:.1f}-{100 * ci[1]:.1f})"
+    from ..evaltables import pct_cell
+
+    return pct_cell(cell)
 
 
 def forgetting_markdown(data: dict | None) -> str:
@@ -137,7 +136,7 @@ def forgetting_markdown(data: dict | None) -> str:
 
 def summary_markdown(run: Path) -> str:
     """Before/after table (with intervals), forgetting matrix and headline numbers of a run."""
-    from ..evaluate import table
+    from ..evaltables import accuracy_table as table
 
     run = Path(run)
     summary = runs.read_json(run / "summary.json")

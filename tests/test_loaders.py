@@ -1,0 +1,146 @@
+"""Problems from files and datasets: GSM8K-format lines (yours and the shipped GSM8K), Hugging Face datasets."""
+
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from cpu_grpo import loaders, tasks
+from cpu_grpo.loaders import load_jsonl, load_task
+from cpu_grpo.tasks import TaskError
+
+GSM8K_DIR = loaders.GSM8K_DIR  # shipped inside the package
+GSM8K_TEST = GSM8K_DIR / "test.jsonl"
+
+
+def write(tmp_path: Path, rows: list[object | str], name: str = "data.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- JSONL
+def test_real_gsm8k_test_file():
+    data = load_jsonl(GSM8K_TEST)
+    assert len(data) == 1319
+    first = data[0]
+    assert first.answer == "18" and first.id == "test.jsonl:1" and first.difficulty == "gsm8k"
+    assert first.question.startswith("Janet") and first.solution.endswith("#### 18")
+    assert all(re.fullmatch(r"-?\d+(\.\d+)?", e.answer) for e in data)
+    assert load_task(str(GSM8K_TEST), n=5, split=None) == data[:5]  # `cpu-grpo eval`: the file as it is
+
+
+def test_shipped_gsm8k_needs_no_path():
+    test, train = load_task("gsm8k", split="test"), load_task("gsm8k", split="train")
+    assert len(test) == 1319 and len(train) == 7473
+    assert test[0].question.startswith("Janet") and test[0].answer == "18"
+    assert not {e.question for e in test} & {e.question for e in train}
+    assert load_task("gsm8k-train", n=3, split="test") == test[:3]  # a run on it holds out the test file
+    assert load_task("gsm8k-train", n=3, split=None) == train[:3]  # `cpu-grpo eval`: training problems
+    assert load_task("gsm8k", n=3, split=None) == test[:3]
+    assert (GSM8K_DIR / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_a_file_task_never_holds_out_a_training_problem(tmp_path):
+    rows = [{"question": f"Problem {i}: what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(200)]
+    path = write(tmp_path, rows)
+    train, test = load_task(str(path), split="train"), load_task(str(path), split="test")
+    assert len(train) + len(test) == 200 and 20 < len(test) < 60  # a fifth held out, by a hash of the text
+    assert not {e.question for e in train} & {e.question for e in test}
+    assert load_task(str(path), n=5, split="test") == test[:5]  # always the same ones, in file order
+    one = write(tmp_path, rows[:1], "one.jsonl")
+    other = "train" if tasks.split_of(rows[0]["question"]) == "test" else "test"
+    with pytest.raises(TaskError, match=f"none of its questions falls in the {other} split"):
+        load_task(str(one), split=other)
+
+
+def test_gold_answers_are_cleaned(tmp_path):
+    path = write(tmp_path, [
+        {"question": "a?", "answer": "so\n#### 1,234"},
+        {"question": "b?", "answer": "x #### 2 #### $1,234.50"},
+        {"question": "c?", "answer": "#### 7.0", "difficulty": "hard"},
+        {"question": "d?", "answer": "#### yes", "level": 3},
+    ])
+    data = load_jsonl(path)
+    assert [e.answer for e in data] == ["1234", "1234.5", "7", "yes"]
+    assert [e.difficulty for e in data] == ["gsm8k", "gsm8k", "hard", "3"]
+    assert data[1].id == "data.jsonl:2" and data[1].solution == "x #### 2 #### $1,234.50"
+    assert len(load_jsonl(path, limit=2)) == 2
+
+
+BAD_LINES = [
+    {"question": "ok?", "answer": "#### 18"},
+    '{"question": "broken',
+    "[1, 2]",
+    "",
+    {"question": "no answer"},
+    {"question": "no marker", "answer": "18"},
+    {"question": "", "answer": "#### 3"},
+    {"question": "also ok?", "answer": "#### 4"},
+]
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    path = write(tmp_path, BAD_LINES)
+    with pytest.raises(TaskError) as err:
+        load_jsonl(path)
+    assert f"{path}:2: invalid JSON" in str(err.value) and "--skip-bad-lines" in str(err.value)
+    with pytest.raises(TaskError, match=r"b.jsonl:3: the 'answer' must end in a '#### <number>' line\. Fix"):
+        load_jsonl(write(tmp_path, [BAD_LINES[0], "", BAD_LINES[5]], "b.jsonl"))
+    assert len(load_jsonl(path, limit=1)) == 1  # stops before the bad lines
+
+
+def test_skip_mode_counts_and_warns(tmp_path):
+    path = write(tmp_path, BAD_LINES)
+    with pytest.warns(UserWarning, match=r"skipped 5 malformed line\(s\), first at line 2: invalid JSON"):
+        data = load_jsonl(path, on_error="skip")
+    assert [e.answer for e in data] == ["18", "4"]
+    assert [e.id for e in data] == ["data.jsonl:1", "data.jsonl:8"]
+    with pytest.warns(UserWarning):
+        assert load_task(str(path), on_error="skip", split=None) == data
+
+
+def test_missing_empty_and_bad_options(tmp_path):
+    with pytest.raises(TaskError, match="data file not found: .*nope.jsonl: check the path"):
+        load_jsonl(tmp_path / "nope.jsonl")
+    with pytest.raises(TaskError, match="data file not found"):
+        load_task(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(TaskError, match="no examples found"):
+        load_jsonl(write(tmp_path, ["", "  "]))
+    with pytest.raises(TaskError, match="on_error must be"):
+        load_jsonl(write(tmp_path, BAD_LINES[:1]), on_error="ignore")
+
+
+# ---------------------------------------------------------------------------- Hugging Face
+def test_hf_without_datasets_says_how_to_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
+    with pytest.raises(TaskError, match=r"pip install datasets.*local \.jsonl path"):
+        load_task("hf:openai/gsm8k")
+
+
+def test_hf_unreachable_hub_says_how_to_fix(monkeypatch):
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(TaskError, match=r"could not load 'openai/gsm8k'.*ConnectionError.*local \.jsonl"):
+        loaders.load_hf()
+
+
+def test_hf_rows_convert_like_jsonl(monkeypatch):
+    calls = []
+
+    def fake(name, config, split):
+        calls.append((name, config, split))
+        return [{"question": "q1?", "answer": "w\n#### 1,000"}, {"question": "q2?", "answer": "#### 2"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake))
+    data = load_task("hf:openai/gsm8k", n=1, split="test")
+    assert [(e.answer, e.id, e.difficulty) for e in data] == [("1000", "openai/gsm8k:test:0", "gsm8k")]
+    assert len(load_task("hf:me/data:train")) == 2
+    assert calls == [("openai/gsm8k", "main", "test"), ("me/data", "main", "train")]
+    with pytest.raises(TaskError, match="needs a dataset name"):
+        load_task("hf:")
