@@ -153,31 +153,31 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 def test_truncated_completions_score_zero_unless_asked():
     from cpu_grpo.rewards import RewardError, correctness_reward, format_reward
     from cpu_grpo.tasks import Example
-    from cpu_grpo.train import score
+    from cpu_grpo.train import Rollout, score
 
     batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]
     spam = "Elif has 42 + 28 = 70 lollipops\n#### 70\n#### \n#### \n#### "  # cut at the limit: no end
     ended = "42 + 28 = 70\n#### 70"
-    texts, cut = [spam, ended], [True, False]
+    rollout = Rollout(batch, [[1]], [[2] * 96, [2, 3]], [spam, ended], [True, False])
     cfg = config.build(None, None, dict(num_generations=2))
-    total, per_fn = score(cfg, [correctness_reward, format_reward], texts, batch, ["q"], cut)
+    total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
     assert per_fn == {"correctness_reward": [0.0, 1.0], "format_reward": [0.0, 1.0]}
     assert total.tolist() == pytest.approx([0.0, 1.2])
     cfg = config.build(None, None, dict(num_generations=2, score_truncated=True))
-    total, per_fn = score(cfg, [correctness_reward, format_reward], texts, batch, ["q"], cut)
+    total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
     assert per_fn == {"correctness_reward": [1.0, 1.0], "format_reward": [0.75, 1.0]}
 
     def short(completions, **kw):
         return [1.0]
 
     with pytest.raises(RewardError, match="reward function short returned a list of length 1 for 2 completions"):
-        score(cfg, [short], texts, batch, ["q"], cut)
+        score(cfg, [short], rollout)
 
     def infinite(completions, **kw):
         return [math.inf, 0.0]
 
     with pytest.raises(RewardError, match="reward function infinite returned an infinite value"):
-        score(cfg, [infinite], texts, batch, ["q"], cut)
+        score(cfg, [infinite], rollout)
 
 
 def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_path, reward_file, monkeypatch):

@@ -90,6 +90,7 @@ class Run:
     data_pos: int = 0  # prompts of that stage's training order consumed
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
+    micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:

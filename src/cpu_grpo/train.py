@@ -62,29 +62,129 @@ class StopFlag:
         self.log("stop requested: finishing this step and saving a checkpoint (Ctrl-C again to abort without saving)")
 
 
-def score(cfg: TrainConfig, reward_fns, texts: list[str], batch: list[tasks.Example], prompts_text: list[str],
-          truncated: list[bool]):
-    """Run every reward function on the completions; returns (total (N,), per-function dict of lists).
+@dataclass
+class Rollout:
+    """One step's samples: B problems, their prompts and G completions each, group-major (row i*G+j)."""
+
+    batch: list[tasks.Example]
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    texts: list[str]
+    truncated: list[bool]  # cut at max_new_tokens before the model ended it
+
+
+@dataclass
+class Update:
+    """What one update did: loss sums over micro-batches, gradient norm, micro-batch size, groups trained."""
+
+    sums: dict
+    grad_norm: float
+    micro_batch: int
+    groups: list[int]
+
+
+def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
+    """G completions for each problem of the batch, from the bf16 sampler (seeded by the run's generator)."""
+    cfg, tok = r.cfg, r.tok
+    prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
+    completions = r.sampler.generate(prompts, cfg.num_generations, cfg.max_new_tokens, r.stops, tok.pad_token_id,
+                                     cfg.temperature, cfg.top_k, cfg.top_p, r.gen)
+    r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
+    truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
+    return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
+
+
+def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """Every reward function on the completions: the weighted total (N,) and each function's values.
 
     A completion cut at the length limit gets 0 from every function unless `score_truncated`: otherwise a model
     can write its answer and then anything until the limit (`#### 70` and bare `####` lines) and be paid for it.
     """
-    g = cfg.num_generations
-    columns = {
-        "answer": [ex.answer for ex in batch for _ in range(g)],
-        "difficulty": [ex.difficulty for ex in batch for _ in range(g)],
-        "question": [ex.question for ex in batch for _ in range(g)],
-        "prompts": [p for p in prompts_text for _ in range(g)],
-    }
+    g, batch = cfg.num_generations, rollout.batch
+    columns = {"answer": [ex.answer for ex in batch for _ in range(g)],
+               "difficulty": [ex.difficulty for ex in batch for _ in range(g)],
+               "question": [ex.question for ex in batch for _ in range(g)],
+               "prompts": [ex.question for ex in batch for _ in range(g)]}
     per_fn = {}
     for fn in reward_fns:
-        values = rewards.as_scores(fn.__name__, fn(completions=texts, **columns), len(texts))
+        values = rewards.as_scores(fn.__name__, fn(completions=rollout.texts, **columns), len(rollout.texts))
         per_fn[fn.__name__] = [0.0 if cut and not cfg.score_truncated else v
-                               for v, cut in zip(values, truncated, strict=True)]
-    total = torch.zeros(len(texts))
+                               for v, cut in zip(values, rollout.truncated, strict=True)]
+    total = torch.zeros(len(rollout.texts))
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
         total += w * torch.tensor(values).nan_to_num(0.0)
     return total, per_fn
+
+
+def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
+    """The policy-gradient update on the groups that teach something, in micro-batches; after running out of
+    memory before its first optimizer step, again at half the micro-batch (kept for the rest of the run)."""
+    cfg, g = r.cfg, r.cfg.num_generations
+    skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
+    groups = [i for i in range(len(rollout.batch)) if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
+    lengths = [len(c) for c in rollout.completions]
+    mb = cfg.micro_batch_size or auto_micro_rows(r.model, max(len(p) for p in rollout.prompts), max(lengths), g)
+    mb = min(mb, r.micro_cap or mb)
+    while True:
+        stepped: list[bool] = []
+        try:
+            sums, grad_norm = _update(r, ref, rollout, groups, adv, mb, stepped)
+            break
+        except (RuntimeError, MemoryError) as e:
+            if stepped or mb <= 1 or not _out_of_memory(e):
+                raise
+        r.opt.zero_grad(set_to_none=True)
+        r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
+              f"with {mb // 2}")
+        mb = r.micro_cap = mb // 2
+    _count_non_finite(r, grad_norm, sums["loss"], r.log)
+    r.sched.step()
+    r.sampler.refresh()
+    return Update(sums, grad_norm, mb, groups)
+
+
+def grpo_step(r: Run, ref, reward_fns, batch: list[tasks.Example], stop: StopFlag) -> tuple | None:
+    """One GRPO step: sample, score, advantage, update. Returns (record, rollout, total, per_fn, adv), or None when
+    a stop was requested during sampling (the rollout is discarded: the last complete step is what gets saved)."""
+    cfg, t0 = r.cfg, time.time()
+    # ---------------------------------------------------------------- sample
+    rollout = sample(r, batch)
+    t1 = time.time()
+    if stop.requested:
+        return None
+    # ---------------------------------------------------------------- reward and advantage
+    total, per_fn = score(cfg, reward_fns, rollout)
+    adv, adv_stats = group_advantages(total, cfg.num_generations, cfg.scale_rewards)
+    _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], r.log)
+    t2 = time.time()
+    # ---------------------------------------------------------------- update
+    upd = update(r, ref, rollout, adv)
+    r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
+    record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, t1, t2, time.time()))
+    return record, rollout, total, per_fn, adv
+
+
+def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update, times) -> dict:
+    """The step's line of metrics.jsonl (TRL's names for the trackers are in trackers.TRL_NAMES)."""
+    cfg, g, (t0, t1, t2, t3) = r.cfg, r.cfg.num_generations, times
+    n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
+    trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
+                  for i in upd.groups)
+    answers = [ex.answer for ex in rollout.batch for _ in range(g)]
+    return {
+        "step": r.step, "stage_step": r.stage_step, "loss": upd.sums["loss"], "reward": total.mean().item(),
+        **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
+        "accuracy": sum(rewards.correctness_reward(rollout.texts, answers)) / n,
+        "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
+        "ewc_penalty": upd.sums["ewc_penalty"], "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
+        "completion_len": c_tokens / n, "truncated_frac": sum(rollout.truncated) / n, **adv_stats,
+        "frac_skipped": 1 - len(upd.groups) / len(rollout.batch), "grad_norm": upd.grad_norm,
+        "lr": r.sched.get_last_lr()[0], "micro_batch_size": upd.micro_batch,
+        "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
+        "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
+        "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
+        "peak_rss_mb": peak_rss_mb(), "data_pos": r.data_pos,
+    }
 
 
 def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=print) -> Path:
@@ -120,121 +220,67 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
         if st.task not in tasks.LEVELS and st.task != "mix":
             curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
     r, ref = build_run(cfg, run_dir, ckpt, log)
-    model, tok, sampler, pad, g = r.model, r.tok, r.sampler, r.tok.pad_token_id, cfg.num_generations
-    status = dict(total_steps=cfg.total_steps, num_stages=len(stages))
-
     stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict())
     try:
         # ---------------------------------------------------------------- evaluate the base model
         if eval_set and not (run_dir / "eval_before.jsonl").exists():
-            write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1, **status)
+            write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1,
+                         total_steps=cfg.total_steps, num_stages=len(stages))
             log(f"evaluating the base model on {len(eval_set)} held-out problems ...")
-            evaluate.run_eval(sampler, tok, eval_set, cfg, run_dir / "eval_before.jsonl", r.stops, log)
+            evaluate.run_eval(r.sampler, r.tok, eval_set, cfg, run_dir / "eval_before.jsonl", r.stops, log)
             curriculum.write_forgetting(run_dir, cfg)
-        mb_cap = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
+        # ---------------------------------------------------------------- train, stage after stage
         for k, stage in enumerate(stages):
             if k < r.stage_index:
                 continue
             if k > r.stage_index:
                 r.stage_index, r.stage_step, r.data_pos = k, 0, 0
             train_set, order = enter_stage(r, k, stage, len(stages))
-            done = stage_finished(run_dir, k, r.step, promoted_only=True)  # resumed after its promotion
-            val = curriculum.validation(cfg, stage) if stage.promote_at else []
-            promoted_at = None
-            write_status(run_dir, state="training", step=r.step, stage=stage.name, stage_index=k, **status)
-            while r.stage_step < stage.steps and not done and not stop.requested:
-                t0 = time.time()
-                # ---------------------------------------------------------------- sample
-                batch = [train_set[order[(r.data_pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
-                prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
-                completions = sampler.generate(prompts, g, cfg.max_new_tokens, r.stops, pad, cfg.temperature,
-                                               cfg.top_k, cfg.top_p, r.gen)
-                sampler.release()  # its memory goes to the update's activations; refresh() brings it back
-                t1 = time.time()
-                if stop.requested:  # discard this rollout; the last complete step is what gets saved
-                    break
-                # ---------------------------------------------------------------- reward and advantage
-                texts = tok.batch_decode(completions, skip_special_tokens=True)
-                truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
-                total, per_fn = score(cfg, reward_fns, texts, batch, [ex.question for ex in batch], truncated)
-                adv, adv_stats = group_advantages(total, g, cfg.scale_rewards)
-                _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], log)
-                t2 = time.time()
-                # ---------------------------------------------------------------- update
-                n = len(completions)
-                c_tokens = sum(len(c) for c in completions)
-                norm = {"num_seqs": n, "num_tokens": max(1, c_tokens), "max_len": cfg.max_new_tokens}
-                skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip
-                groups = [i for i in range(len(batch))
-                          if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
-                lengths = [len(c) for c in completions]
-                mb = cfg.micro_batch_size or auto_micro_rows(model, max(len(p) for p in prompts),
-                                                             max(len(c) for c in completions), g)
-                mb = min(mb, mb_cap or mb)
-                batch_data = (prompts, completions, groups, adv, norm, lengths, pad)
-                while True:  # out of memory before the first optimizer step: again at half the micro-batch
-                    stepped: list[bool] = []
-                    try:
-                        sums, grad_norm = _update(r, ref, batch_data, mb, stepped)
-                        break
-                    except (RuntimeError, MemoryError) as e:
-                        if stepped or mb <= 1 or not _out_of_memory(e):
-                            raise
-                    r.opt.zero_grad(set_to_none=True)
-                    log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the "
-                        f"run, with {mb // 2}")
-                    mb = mb_cap = mb // 2
-                _count_non_finite(r, grad_norm, sums["loss"], log)
-                r.sched.step()
-                sampler.refresh()
-                r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
-                t3 = time.time()
-                # ---------------------------------------------------------------- log
-                record = {
-                    "step": r.step, "stage": stage.name, "stage_index": k, "stage_step": r.stage_step,
-                    "stage_steps": stage.steps, "loss": sums["loss"], "reward": total.mean().item(),
-                    **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
-                    "accuracy": sum(rewards.correctness_reward(texts, [ex.answer for ex in batch for _ in range(g)]))
-                    / n,
-                    "kl": sums["kl_sum"] / norm["num_tokens"] if cfg.beta > 0 else math.nan,
-                    "ewc_penalty": sums["ewc_penalty"],
-                    "clip_frac": sums["clip_frac_sum"] / norm["num_tokens"],
-                    "completion_len": c_tokens / n,
-                    "truncated_frac": sum(truncated) / n,
-                    **adv_stats, "frac_skipped": 1 - len(groups) / len(batch), "grad_norm": float(grad_norm),
-                    "lr": r.sched.get_last_lr()[0], "micro_batch_size": mb,
-                    "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
-                    "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
-                    "train_tok_s": sum(len(prompts[i]) * g + sum(len(c) for c in completions[i * g:(i + 1) * g])
-                                       for i in groups) * cfg.num_iterations / max(t3 - t2, 1e-9),
-                    "peak_rss_mb": peak_rss_mb(), "data_pos": r.data_pos,
-                }
-                # ---------------------------------------------------------------- promotion check
-                promoted_at = promoted(r, stage, val)
-                if promoted_at is not None:
-                    record["validation_accuracy"] = promoted_at
-                tracker.log(record)
-                _log_groups(run_dir, r.step, stage.name, batch, texts, per_fn, total, adv, g)
-                if cfg.log_completions_every and r.step % cfg.log_completions_every == 0:
-                    tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
-                                  [[batch[i // g].question, t, batch[i // g].answer, float(total[i]), float(adv[i])]
-                                   for i, t in enumerate(texts)], r.step)
-                write_status(run_dir, state="training", step=r.step)
-                if promoted_at is not None and promoted_at >= stage.promote_at:
-                    log(f"stage '{stage.name}' promoted at step {r.stage_step}: validation accuracy "
-                        f"{promoted_at:.3f} >= {stage.promote_at}")
-                    break
-                if cfg.save_every and r.step % cfg.save_every == 0 and r.stage_step < stage.steps:
-                    save_checkpoint(r)
+            promoted_at = _run_stage(r, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
             if stop.requested:
                 break
-            # ---------------------------------------------------------------- end of stage
             finish_stage(r, k, stage, len(stages), eval_set, train_set, order, promoted_at)
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
+    return _finish(r, stages, eval_set, tracker, stop, t_start, profile)
+
+
+def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set, order, tracker, stop) -> float | None:
+    """GRPO steps on one stage until its steps are done, it is promoted, or a stop is requested; returns the last
+    validation accuracy (None when the stage has no promotion check)."""
+    cfg = r.cfg
+    done = stage_finished(r.dir, k, r.step, promoted_only=True)  # resumed after its promotion
+    val = curriculum.validation(cfg, stage) if stage.promote_at else []
+    promoted_at = None
+    write_status(r.dir, state="training", step=r.step, stage=stage.name, stage_index=k, total_steps=cfg.total_steps,
+                 num_stages=n_stages)
+    while r.stage_step < stage.steps and not done and not stop.requested:
+        batch = [train_set[order[(r.data_pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
+        step = grpo_step(r, ref, reward_fns, batch, stop)
+        if step is None:
+            break
+        record, rollout, total, per_fn, adv = step
+        promoted_at = promoted(r, stage, val)
+        record = {**record, "stage": stage.name, "stage_index": k, "stage_steps": stage.steps,
+                  **({"validation_accuracy": promoted_at} if promoted_at is not None else {})}
+        tracker.log(record)
+        _log_groups(r, stage.name, rollout, per_fn, total, adv, tracker)
+        write_status(r.dir, state="training", step=r.step)
+        if promoted_at is not None and promoted_at >= stage.promote_at:
+            r.log(f"stage '{stage.name}' promoted at step {r.stage_step}: validation accuracy {promoted_at:.3f} >= "
+                  f"{stage.promote_at}")
+            break
+        if cfg.save_every and r.step % cfg.save_every == 0 and r.stage_step < stage.steps:
+            save_checkpoint(r)
+    return promoted_at
+
+
+def _finish(r: Run, stages, eval_set, tracker, stop: StopFlag, t_start: float, profile: str) -> Path:
+    """The last checkpoint; then either the stop message or the report (summary.json, report.md, trackers)."""
+    run_dir, log = r.dir, r.log
     last = checkpoint.latest(run_dir)
     if r.step > 0 and (last is None or not last.name.endswith(f"{r.step:06d}")):
         save_checkpoint(r)
@@ -247,22 +293,23 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
         else:
             log("stopped before the first step: run the same command again (the base evaluation is kept)")
         return run_dir
-    # ---------------------------------------------------------------- report
     if eval_set:
         final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    summary = report.write_summary(run_dir, cfg, r.step, time.time() - t_start, log, profile)
+    summary = report.write_summary(run_dir, r.cfg, r.step, time.time() - t_start, log, profile)
     tracker.finish(summary_metrics(summary, read_json(run_dir / "forgetting.json")))
     write_status(run_dir, state="finished", step=r.step)
     return run_dir
 
 
-def _update(r: Run, ref, batch_data, mb: int, stepped: list) -> tuple[dict, float]:
-    """One step's update: old/reference log-probs when needed, then num_iterations optimizer steps over
-    micro-batches of `mb` sequences (appending to `stepped` at each). Returns loss statistics and grad norm."""
-    cfg, model = r.cfg, r.model
-    prompts, completions, groups, adv, norm, lengths, pad = batch_data
-    g = cfg.num_generations
+def _update(r: Run, ref, rollout: Rollout, groups: list[int], adv: torch.Tensor, mb: int, stepped: list
+            ) -> tuple[dict, float]:
+    """Old/reference log-probs when needed, then num_iterations optimizer steps over micro-batches of `mb`
+    sequences (appending to `stepped` at each). Returns loss statistics and the gradient norm."""
+    cfg, model, g, pad = r.cfg, r.model, r.cfg.num_generations, r.tok.pad_token_id
+    prompts, completions = rollout.prompts, rollout.completions
+    lengths = [len(c) for c in completions]
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_len": cfg.max_new_tokens}
     fixed = {}  # old and reference log-probs, computed once before the updates
     if cfg.num_iterations > 1 or ref is not None:
         with torch.no_grad():
@@ -332,13 +379,19 @@ def _out_of_memory(e: BaseException) -> bool:
             or "out of memory" in str(e).lower())
 
 
-def _log_groups(run: Path, step, stage, batch, texts, per_fn, total, adv, g):
-    """Every group of the step, for inspection: prompt, G completions, rewards per function, advantages."""
-    for i, ex in enumerate(batch):
+def _log_groups(r: Run, stage: str, rollout: Rollout, per_fn: dict, total, adv, tracker) -> None:
+    """Every group of the step, for inspection: prompt, G completions, rewards per function, advantages; and every
+    `log_completions_every` steps a table of them for the report_to trackers."""
+    g = r.cfg.num_generations
+    for i, ex in enumerate(rollout.batch):
         sl = slice(i * g, (i + 1) * g)
-        append_jsonl(run / "groups.jsonl", {
-            "step": step, "group": i, "stage": stage, "question": ex.question, "answer": ex.answer,
-            "difficulty": ex.difficulty, "completions": texts[sl], "rewards": {k: v[sl] for k, v in per_fn.items()},
-            "total": total[sl].tolist(), "advantages": [round(a, 4) for a in adv[sl].tolist()],
-            "zero_std": float(total[sl].std()) < 1e-6,
+        append_jsonl(r.dir / "groups.jsonl", {
+            "step": r.step, "group": i, "stage": stage, "question": ex.question, "answer": ex.answer,
+            "difficulty": ex.difficulty, "completions": rollout.texts[sl],
+            "rewards": {k: v[sl] for k, v in per_fn.items()}, "total": total[sl].tolist(),
+            "advantages": [round(a, 4) for a in adv[sl].tolist()], "zero_std": float(total[sl].std()) < 1e-6,
         })
+    if r.cfg.log_completions_every and r.step % r.cfg.log_completions_every == 0:
+        tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
+                      [[rollout.batch[i // g].question, t, rollout.batch[i // g].answer, float(total[i]),
+                        float(adv[i])] for i, t in enumerate(rollout.texts)], r.step)
