@@ -8,9 +8,8 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 # The web app's browser tests drive Debian's chromium (Playwright's own browser download does not work here).
 CHROMIUM ?= /usr/bin/chromium
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install demo test lint docs clean-venv
+.PHONY: install demo test test-fast lint docs clean-venv
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,10 +23,16 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/cpu-grpo demo
 
+# the full suite, what CI runs; as root (CI) it installs Debian's chromium for the browser test, otherwise that
+# test is skipped with the command to install it
 test: install
-	test -x $(CHROMIUM) || $(SUDO) env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
+	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check src tests bench
+
+# the edit loop: everything but end-to-end training, the browser and the real model
+test-fast: install
+	$(BIN)/python -m pytest -m "not slow and not browser and not realmodel"
 
 docs: install
 	$(BIN)/python -c "from cpu_grpo.config import reference; print(reference(), end='')" > docs/config.md

@@ -119,7 +119,11 @@ def start_run(page) -> None:
     expect(page.locator("#train-message")).to_contain_text("web is busy", timeout=60_000)
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 def test_train_watch_inspect_reload_stop_evaluate_try(app, tmp_path):
+    if not Path(CHROMIUM).exists() and os.geteuid() != 0:
+        pytest.skip("Debian's chromium is missing: install it with `sudo apt-get install chromium` to run this test")
     assert Path(CHROMIUM).exists(), "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
     url, root = app
     with sync_playwright() as p:

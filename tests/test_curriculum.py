@@ -22,6 +22,8 @@ class Linear1(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.tensor(w))
 
+pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
+
 
 def test_fisher_is_the_mean_squared_gradient_normalised_to_mean_one():
     m = Linear1([0.5, -1.0, 2.0])

@@ -103,6 +103,8 @@ def real_cache(monkeypatch):
     monkeypatch.setenv("CPU_GRPO_CACHE", str(Path.home() / ".cache" / "cpu-grpo"))
 
 
+@pytest.mark.realmodel
+@pytest.mark.slow
 def test_real_default_model_one_step(real_cache, tmp_path):
     from cpu_grpo.tracking import read_jsonl
     from cpu_grpo.train import train
@@ -119,6 +121,8 @@ def test_real_default_model_one_step(real_cache, tmp_path):
     assert (run / "summary.json").exists()
 
 
+@pytest.mark.realmodel
+@pytest.mark.slow
 def test_real_default_model_fast_sampler_equals_generate(real_cache):
     """The hand-written decoder (fused projections, shared prompt keys, tied embeddings) on the real model."""
     import torch

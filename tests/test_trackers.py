@@ -15,6 +15,8 @@ from cpu_grpo import trackers
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
+pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
+
 
 def test_doctests():
     assert doctest.testmod(trackers).failed == 0

@@ -22,6 +22,8 @@ from cpu_grpo.errors import RunDirError
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
+pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
+
 
 def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
