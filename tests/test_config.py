@@ -362,8 +362,19 @@ def test_the_config_reference_in_docs_is_up_to_date():
     assert docs.read_text() == reference(), "docs/config.md is stale: run `make docs`"
 
 
-def test_steps_against_a_profiles_own_stage_steps_is_an_error():
-    with pytest.raises(ConfigError, match="steps 20 would be ignored: profile 'default' gives each stage its steps"):
-        build("default", None, {"steps": 20})
+def test_steps_scales_a_profiles_own_stage_steps():
+    """--steps wins over a profile whose stages fix their steps: they are scaled to it, in proportion."""
+    cfg = build("default", None, {"steps": 20})
+    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 12), ("intermediate", 4), ("advanced", 4)]
+    assert build("default", None, {"steps": 3}).total_steps == 3
     assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
     assert build("demo", None, {"steps": 20}).total_steps == 20
+    assert build("default", None, {}).total_steps == 50
+
+
+def test_doctests():
+    import doctest
+
+    from cpu_grpo import config
+
+    assert doctest.testmod(config).failed == 0

@@ -183,6 +183,27 @@ def parse_stage(spec) -> dict:
     return out
 
 
+def scale_stages(stages: list, steps: int) -> list:
+    """A profile's stages, every one with its own steps, scaled to `steps` in all in the same proportions (largest
+    remainder, each at least 1); stages without steps already share `steps`, so they are left as they are.
+
+    >>> scale_stages(["basic:30", "intermediate:10", "advanced:10"], 10)
+    [{'name': 'basic', 'task': 'basic', 'steps': 6}, {'name': 'intermediate', 'task': 'intermediate', 'steps': 2}, \
+{'name': 'advanced', 'task': 'advanced', 'steps': 2}]
+    """
+    specs = [parse_stage(s) for s in stages]
+    total = sum(s.get("steps", 0) for s in specs)
+    if any("steps" not in s for s in specs) or total == 0 or steps < len(specs):
+        return stages
+    shares = [max(1, steps * s["steps"] // total) for s in specs]
+    by_remainder = sorted(range(len(specs)), key=lambda i: -(steps * specs[i]["steps"] % total))
+    for i in by_remainder[:max(0, steps - sum(shares))]:
+        shares[i] += 1
+    while sum(shares) > steps:  # the minimum of 1 took more than the proportion gave
+        shares[shares.index(max(shares))] -= 1
+    return [{**s, "steps": n} for s, n in zip(specs, shares, strict=True)]
+
+
 def plan(cfg: TrainConfig) -> list[Stage]:
     """The stages of a run. Stages without steps share what `steps` leaves (the remainder goes to the last)."""
     if not cfg.stages:
@@ -257,11 +278,8 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
     coerced = {k: coerce(known[k], v) for k, v in values.items()}
-    fixed = [str(x) for x in values.get("stages", []) if isinstance(x, str) and ":" in x]
-    if "steps" in mine and "stages" not in mine and fixed and len(fixed) == len(values["stages"]):
-        raise ConfigError(f"steps {coerced['steps']} would be ignored: profile '{profile}' gives each stage its "
-                          f"steps ({','.join(fixed)}); set them with --stages, e.g. --stages "
-                          f"{','.join(x.split(':')[0] + ':N' for x in fixed)}")
+    if "steps" in mine and "stages" not in mine and coerced.get("stages"):  # your --steps wins over the profile's
+        coerced["stages"] = scale_stages(coerced["stages"], coerced["steps"])
     return TrainConfig(**coerced)
 
 

@@ -79,7 +79,7 @@ def resolve_model(spec: str, log=print) -> str:
         if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
             raise ModelError(f"{spec} is a directory without config.json: point --model at a Hugging Face model "
                              "directory (config.json, weights, tokenizer), a .gguf file, a hub id or an alias.")
-        if not any(path.glob(pattern) for pattern in ("*.safetensors", "*.bin", "*.pt")):
+        if not any(next(path.glob(pattern), None) for pattern in ("*.safetensors", "*.bin", "*.pt")):
             raise ModelError(f"{spec} has a config but no weights (model.safetensors, pytorch_model.bin or an "
                              "adapter): copy them there, or point --model at the complete model directory.")
         return str(path)
