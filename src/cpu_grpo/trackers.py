@@ -14,7 +14,6 @@ import math
 import os
 from pathlib import Path
 
-REPORT_TO = ("tensorboard", "trackio", "wandb")
 PROJECT = "cpu-grpo"
 
 # cpu-grpo's record key -> TRL's metric name (same meaning)
