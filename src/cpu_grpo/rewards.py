@@ -272,9 +272,9 @@ def as_scores(name: str, values: Any, n: int) -> list[float]:
     out = []
     for v in values:
         try:
-            x = math.nan if v is None else float(v.item() if hasattr(v, "item") else v)
-            if isinstance(v, str):
+            if isinstance(v, str):  # float("1.0") would pass: a reward is a number, not text
                 raise TypeError
+            x = math.nan if v is None else float(v.item() if hasattr(v, "item") else v)
         except (TypeError, ValueError):
             raise RewardError(f"reward function {name} returned {str(v)[:40]!r} ({type(v).__name__}): return "
                               "floats, or None for a completion it cannot score") from None
