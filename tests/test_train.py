@@ -54,6 +54,7 @@ def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
     assert len(groups) == 3 * 2 and len(groups[0]["completions"]) == 4 and "advantages" in groups[0]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["model"] == tiny_model and summary["wall_seconds"] > 0
+    assert summary["seed"] == 0 and summary["profile"] == "default" and summary["commit"]
     level = summary["levels"]["basic"]
     assert level["before"]["n"] == 6 and len(level["after"]["ci95"]) == 2 and "diff" in level["delta"]
     assert (out / "report.md").read_text().startswith("# GRPO run")

@@ -161,8 +161,9 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
     return path
 
 
-def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "") -> dict:
-    """summary.json and report.md for a run; prints the before/after table and the report's path."""
+def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "", commit: str = "") -> dict:
+    """summary.json and report.md for a run; prints the before/after table and the report's path. `commit`: the
+    code the run started with (code_version() then; now, when not given)."""
     from .config import plan
 
     before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
@@ -171,7 +172,7 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: s
     stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
               for st in plan(cfg)]
     summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
-               "profile": profile, "seed": cfg.seed, "commit": code_version(), "steps": steps,
+               "profile": profile, "seed": cfg.seed, "commit": commit or code_version(), "steps": steps,
                "wall_seconds": round(wall, 1), "levels": levels, "metrics": metrics}
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     report = write_report(run, cfg, summary)

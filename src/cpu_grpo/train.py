@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, curriculum, evaluate, report, rewards, tasks
+from . import checkpoint, curriculum, evaluate, report, rewards, tasks, tracking
 from .batching import auto_micro_rows, group_logprobs, micro_batches
 from .config import TrainConfig, describe, plan, save
 from .grpo import group_advantages, grpo_loss
@@ -220,6 +220,7 @@ def _train(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, t_start: float, l
         if st.task not in tasks.LEVELS and st.task != "mix":
             curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
     r, ref = build_run(cfg, run_dir, ckpt, log)
+    r.commit = tracking.code_version()  # now, not at the end: the checkout may change while a run trains
     stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict())
@@ -296,7 +297,7 @@ def _finish(r: Run, stages, eval_set, tracker, stop: StopFlag, t_start: float, p
     if eval_set:
         final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    summary = report.write_summary(run_dir, r.cfg, r.step, time.time() - t_start, log, profile)
+    summary = report.write_summary(run_dir, r.cfg, r.step, time.time() - t_start, log, profile, r.commit)
     tracker.finish(summary_metrics(summary, read_json(run_dir / "forgetting.json")))
     write_status(run_dir, state="finished", step=r.step)
     return run_dir
