@@ -333,3 +333,35 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, rewar
     assert [c.name for c in checkpoint.complete(out / "checkpoints")] == ["step-000001"]
     assert not list((out / "checkpoints").glob(".step-*"))
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
+
+
+def test_kill_9_inside_a_checkpoint_write_loses_nothing(tiny_model, tmp_path, reward_file):
+    """A real process SIGKILLed while step 2's checkpoint is half written (its weights on disk, its config and
+    trainer state not yet): the half-written directory is never taken for a checkpoint, resume starts from step 1,
+    removes it, and the logs end with each step once."""
+    out = tmp_path / "run"
+    script = f"""
+import os, signal
+from pathlib import Path
+from cpu_grpo import checkpoint, config
+from cpu_grpo.train import train
+real = checkpoint.config_mod.save
+def save(cfg, path):
+    if Path(path).parent.name.startswith(".step-000002"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(cfg, path)
+checkpoint.config_mod.save = save
+cfg = config.build(None, None, dict(model={tiny_model!r}, output_dir={str(out)!r}, steps=3, prompts_per_step=2,
+    num_generations=4, max_new_tokens=12, eval_size=0, save_every=1, learning_rate=1e-3, train_size=50,
+    rewards=["{reward_file}:length_reward"], reward_weights=[1.0], score_truncated=True))
+train(cfg, log=lambda *a: None)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert [c.name for c in checkpoint.complete(out / "checkpoints")] == ["step-000001"]
+    partial = list((out / "checkpoints").glob(".step-000002*"))
+    assert partial and (partial[0] / "model.safetensors").exists()  # killed after the weights were written
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=3), resume=True, log=lambda *a: None)
+    assert not list((out / "checkpoints").glob(".step-*"))
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert checkpoint.latest(out).name == "step-000003"
