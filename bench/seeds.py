@@ -14,15 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from cpu_grpo.evaltables import pct_cell
 from cpu_grpo.tracking import read_jsonl
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
-def interval(c: dict) -> str:
-    return f"{pct(c['accuracy'])} ({100 * c['ci95'][0]:.1f}-{100 * c['ci95'][1]:.1f})"
 
 
 def rows(runs: list[Path]) -> tuple[list[str], dict[str, list[dict]]]:
@@ -35,7 +28,7 @@ def rows(runs: list[Path]) -> tuple[list[str], dict[str, list[dict]]]:
             d = e["delta"]
             by_level.setdefault(level, []).append(d)
             lines.append(f"| {run.name} | {s.get('seed', '?')} | {s.get('commit', '?')} | {level} | "
-                         f"{e['before']['n']} | {interval(e['before'])} | {interval(e['after'])} | "
+                         f"{e['before']['n']} | {pct_cell(e['before'])} | {pct_cell(e['after'])} | "
                          f"{100 * d['diff']:+.1f} ({100 * d['ci95'][0]:+.1f} to {100 * d['ci95'][1]:+.1f}) | "
                          f"{d['p_value']:.2g} | {s['wall_seconds'] / 60:.1f} min |")
     return lines, by_level

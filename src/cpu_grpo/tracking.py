@@ -80,11 +80,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def read_json(path: Path) -> dict | None:
-    """A JSON file's object, or None when it is missing or unreadable."""
+    """A JSON object from a file, or None when it is missing, half-written or not an object."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def cut_jsonl(path: Path, last_step: int) -> int:
@@ -158,10 +159,7 @@ def write_status(run_dir: Path, **fields) -> None:
     import time
 
     path = Path(run_dir) / "status.json"
-    try:
-        status = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        status = {}
+    status = read_json(path) or {}
     status.update(fields, pid=os.getpid(), updated=time.time())
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(status, default=_jsonable))

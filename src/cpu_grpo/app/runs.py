@@ -8,7 +8,6 @@ or a closed tab loses nothing. Every reader here takes a missing or half-written
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shlex
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 from .. import checkpoint, tracking
-from ..tracking import read_jsonl
+from ..tracking import read_json, read_jsonl
 
 MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
 LIVE_STATES = ("starting", "evaluating", "training")
@@ -38,15 +37,6 @@ def pid_alive(pid: int | None) -> bool:
         if child.pid == pid:
             return child.poll() is None
     return tracking.pid_alive(pid)
-
-
-def read_json(path: Path) -> dict | None:
-    """A JSON object from a file, or None when it is missing, half-written or not an object."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def running_pid(run: Path) -> int | None:
