@@ -127,9 +127,11 @@ def test_preview_command_and_config_check():
     assert runs.parse_extra("--rewards correctness,format") == {"rewards": "correctness,format"}
     for text, words in [("--output-dir /anywhere", "cannot be set from the page"),
                         ("--trust-remote-code true", "never runs a model's own code"),
-                        ("--rewards my.py:reward", "only builtin rewards"), ("--no-such 1", "not a config field")]:
+                        ("--no-such 1", "not a config field")]:
         with pytest.raises(ValueError, match=words):
             runs.parse_extra(text)
+    reward_file = runs.parse_extra("--rewards my.py:reward")  # passes here; the page's policy refuses it
+    assert "unless the app was started with --allow-code" in Policy(Path("runs")).train_problem("", "", reward_file)
     with pytest.raises(ValueError, match="--field value"):
         runs.parse_extra("--train-size")
     assert set(runs.config_fields()) >= {"steps", "rewards", "model", "output_dir"}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import config as config_mod
+from .errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -152,6 +153,6 @@ def load_weights(model, ckpt: Path):
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"checkpoint {ckpt} does not fit this model (missing {list(missing)[:3]}, unexpected "
+        raise UserError(f"checkpoint {ckpt} does not fit this model (missing {list(missing)[:3]}, unexpected "
                          f"{list(unexpected)[:3]}): resume with the same --model as the run.")
     return model

@@ -236,10 +236,9 @@ NOT_FROM_PAGE = {
 def parse_extra(text: str) -> dict:
     """'--train-size 50 --top-k 20' -> {'train_size': '50', 'top_k': '20'}; raises ValueError with the fix.
 
-    Only config fields pass, and not those in NOT_FROM_PAGE; rewards only by builtin name (a file or module
-    would run its code in the training process)."""
+    Only config fields pass, and not those in NOT_FROM_PAGE; rewards, like every field, then go through
+    policy.Policy (reward files only with --allow-code)."""
     from ..config import TrainConfig
-    from ..rewards import BUILTIN_REWARDS
 
     words = shlex.split(text or "")
     known = set(TrainConfig.__dataclass_fields__)
@@ -253,9 +252,6 @@ def parse_extra(text: str) -> dict:
             raise ValueError(f"more fields: {flag} is not a config field; see `cpu-grpo train --help`.")
         if name in NOT_FROM_PAGE:
             raise ValueError(f"more fields: {flag} cannot be set from the page: {NOT_FROM_PAGE[name]}.")
-        if name == "rewards" and not set(words[i + 1].split(",")) <= set(BUILTIN_REWARDS):
-            raise ValueError(f"more fields: the page takes only builtin rewards ({', '.join(BUILTIN_REWARDS)}); "
-                             "train with your own reward functions through `cpu-grpo train`.")
         out[name] = words[i + 1]
     return out
 
