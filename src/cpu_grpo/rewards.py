@@ -43,8 +43,9 @@ _ANSWER_PHRASE_RE = re.compile(r"the\s+(?:final\s+)?answer\s+is|answer\s*:", re.
 _FRAC_RE = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _PLAIN_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 _MARKER_RE = re.compile(r"####[ \t]*(" + _NUM + ")")
-_ARITH_RE = re.compile(r"\d\s*[-+*/×÷x]\s*\(?\$?\d")
-_ENDING_RE = re.compile(r"[\s.,;:!*_`)\]]*")  # what may follow a final answer: spaces, closing punctuation
+_BOXED_RE = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")  # \boxed{...}, one level of inner braces
+_ARITH_RE = re.compile(r"\d\s*(?:[-+*/×÷x]|\\times|\\cdot|\\div)\s*\(?\$?\d")
+_ENDING_RE = re.compile(r"[\s.,;:!*_`)\]$\\]*")  # what may follow a final answer: spaces, closing punctuation
 
 
 def completion_text(c: str | Sequence[dict[str, Any]] | dict[str, Any]) -> str:
@@ -225,7 +226,8 @@ def strict_correctness_reward(completions: Sequence, answer: Sequence, **kwargs:
 
 
 def _format_score(text: str) -> float:
-    markers = list(_MARKER_RE.finditer(text))
+    boxed = [m for m in _BOXED_RE.finditer(text) if any(ch.isdigit() for ch in m.group(1))]
+    markers = sorted([*_MARKER_RE.finditer(text), *boxed], key=lambda m: m.start())
     score, work = 0.0, text
     if markers:
         last = markers[-1]
@@ -239,20 +241,24 @@ def _format_score(text: str) -> float:
 
 
 def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
-    """Partial credit in [0, 1] for the GSM8K answer format, whether or not the answer is right.
+    """Partial credit in [0, 1] for a marked final answer, whether or not the answer is right.
 
-    The rule, summed:
-    - 0.5 if the text contains "####" followed (spaces or tabs allowed) by a number;
-    - 0.25 if there is exactly one such marker and the answer ends the text: only whitespace and closing
-      punctuation (. , ; : ! * _ ` ) ]) follow its number. A model that repeats "#### N" lines, or writes
+    A final-answer marker is "####" followed (spaces or tabs allowed) by a number (GSM8K's format), or a
+    \\boxed{...} with a number in it (the format Qwen's math-tuned models are trained on). The rule, summed:
+    - 0.5 if the text has a marker;
+    - 0.25 if there is exactly one marker and the answer ends the text: only whitespace and closing
+      punctuation (. , ; : ! * _ ` ) ] $ \\) follow it. A model that repeats "#### N" lines, or writes
       bare "####" lines after its answer until the length limit, does not get this part;
-    - 0.25 if a line of work holds a number, an operator (+ - * / x × ÷), a number, and "="
-      ("3 + 4 = 7", "<<3*4=12>>"): before the last marker, or anywhere when there is no marker.
+    - 0.25 if a line of work holds a number, an operator (+ - * / x × ÷ \\times \\cdot \\div), a number, and
+      "=" ("3 + 4 = 7", "<<3*4=12>>", "\\( 3 \\times 4 = 12 \\)"): before the last marker, or anywhere when
+      there is no marker.
 
     >>> format_reward(["3 + 4 = 7\\n#### 7", "#### 7 because 3 + 4 = 7", "3 + 4 = 7", "I don't know"])
     [1.0, 0.5, 0.25, 0.0]
     >>> format_reward(["3 + 4 = 7\\n#### 7\\n#### 7", "3 + 4 = 7\\n#### 7\\n#### \\n#### "])
     [0.75, 0.75]
+    >>> format_reward(["\\\\( 3 \\\\times 4 = 12 \\\\)\\n\\\\[\\\\boxed{12}\\\\]", "\\\\boxed{x}", "\\\\boxed{7} \\\\boxed{7}"])
+    [1.0, 0.0, 0.5]
     """
     return [_format_score(completion_text(c)) for c in completions]
 

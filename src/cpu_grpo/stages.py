@@ -65,7 +65,7 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
               "validation_accuracy": promoted_at}
     path = stage_eval_path(r.dir, k, stage.name)
-    if eval_set:
+    if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
         write_status(r.dir, state="evaluating", stage=stage.name)
         r.log(f"stage '{stage.name}' done: evaluating {len(eval_set)} held-out problems ...")
         path.parent.mkdir(exist_ok=True)
