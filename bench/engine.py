@@ -17,10 +17,10 @@ import time
 import torch
 
 from cpu_grpo import tasks
+from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.models import keep_freed_memory, load_model, set_threads
-from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
-from cpu_grpo.train import group_logprobs
+from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -59,14 +59,14 @@ def _timed(fn) -> float:
 def bench_cell(model, tok, sampler, b: int, g: int, new: int, reps: int) -> dict:
     cfg = TrainConfig()
     problems = tasks.generate("basic", b * (reps + 1), seed=7)
-    stops, pad = eos_ids(tok, model), tok.pad_token_id
+    stops, pad = stop_ids(tok, model), tok.pad_token_id
     n_params = sum(p.numel() for p in model.parameters())
     roll, train = [], []
     for r in range(reps + 1):  # the first repetition warms up
         prompts = encode_prompts(tok, [p.question for p in problems[r * b:(r + 1) * b]], cfg.instruction)
         gen = torch.Generator().manual_seed(r)
         t = time.perf_counter()
-        comps = sampler.generate(prompts, g, new, stops, pad, 1.0, 0, 1.0, gen)
+        comps = sampler.generate(prompts, g, Sampling(new, stops, pad), gen)
         t_roll = time.perf_counter() - t
         n_comp = sum(len(c) for c in comps)
         t = time.perf_counter()

@@ -35,7 +35,7 @@ def child(args) -> dict:
     from cpu_grpo.tracking import read_jsonl
     from cpu_grpo.train import train
 
-    runstate.eos_ids = lambda tok, model: []  # no stop token: every completion has max_new_tokens
+    runstate.stop_ids = lambda tok, model: []  # no stop token: every completion has max_new_tokens
     with tempfile.TemporaryDirectory(prefix="seed_scale_") as tmp:
         cfg = TrainConfig(model=args.model, task="basic", train_size=64, eval_size=0, steps=args.steps,
                           prompts_per_step=4, num_generations=4, max_new_tokens=256, learning_rate=1e-6,

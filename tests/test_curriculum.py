@@ -100,6 +100,33 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     assert status["state"] == "finished" and status["step"] == 6 and not (out / "run.lock").exists()
 
 
+def test_eval_every_stage_off_evaluates_before_and_after_the_last_stage_only(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    train(stage_cfg(tiny_model, out, reward_file, eval_every_stage=False), log=lambda *a: None)
+    assert not stage_eval_path(out, 0, "basic").exists() and stage_eval_path(out, 1, "intermediate").exists()
+    matrix = json.loads((out / "forgetting.json").read_text())
+    assert [r["after"] for r in matrix["rows"]] == ["base", "intermediate"]
+    assert read_jsonl(out / "eval_after.jsonl") == read_jsonl(stage_eval_path(out, 1, "intermediate"))
+
+
+def test_fisher_shared_among_processes_adds_up_to_the_whole():
+    """Two 'ranks' with one sample each, their sums added by add_up: the Fisher of both samples in one process."""
+    m = Linear1([0.5, -1.0, 2.0])
+    xs = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    parts = []
+
+    def hold(tensors):  # stands in for the all-reduce: remember rank 0's sums, then add rank 1's
+        parts.append([t.clone() for t in tensors])
+        if len(parts) == 2:
+            for t, a, b in zip(tensors, *parts, strict=True):
+                t.copy_(a + b)
+
+    curriculum.fisher_diagonal(m, lambda i: (m.w * xs[0]).sum(), 2, 1, hold)
+    shared = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[1]).sum(), 2, 1, hold)
+    whole = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
+    assert torch.allclose(shared["w"], whole["w"], atol=1e-6)
+
+
 def weighted_drift(run: Path, fisher: dict) -> float:
     """sum F (theta - theta_stage1)^2 over stage 2: what EWC penalises (F from the end of stage 1)."""
     a = load_file(run / "checkpoints" / "step-000003" / "model.safetensors")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 from cpu_grpo import evaluate
+from cpu_grpo.rollout import Sampling
 from cpu_grpo.tasks import Example
 from cpu_grpo.tracking import read_jsonl
 
 EXAMPLES = [Example("Q1?", "18", "basic", "9 * 2 = <<9*2=18>>18\n#### 18", "b-1"),
             Example("Q2?", "7", "basic", "3 + 4 = <<3+4=7>>7\n#### 7", "b-2")]
-CFG = SimpleNamespace(instruction="", eval_max_new_tokens=8, top_k=0, top_p=1.0)
+GREEDY = Sampling(8, (1,), 0, temperature=0.0)
 
 
 class ScriptedTok:
@@ -39,11 +39,10 @@ class ScriptedSampler:
     def __init__(self):
         self.next, self.calls = 0, []
 
-    def generate(self, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature=1.0, top_k=0, top_p=1.0,
-                 generator=None):
-        self.calls.append({"n": len(prompts), "k": group_size, "temperature": temperature,
+    def generate(self, prompts, num_generations, sampling, generator=None):
+        self.calls.append({"n": len(prompts), "k": num_generations, "temperature": sampling.temperature,
                            "seed": generator.initial_seed() if generator is not None else None})
-        out = [[self.next + i] for i in range(len(prompts) * group_size)]
+        out = [[self.next + i] for i in range(len(prompts) * num_generations)]
         self.next += len(out)
         return out
 
@@ -51,7 +50,7 @@ class ScriptedSampler:
 def test_greedy_records_carry_every_metric(tmp_path):
     texts = ["9 * 2 = 18, 18 + 0 = 18\n#### 18", "I think 8."]
     path = tmp_path / "eval.jsonl"
-    records = evaluate.run_eval(ScriptedSampler(), ScriptedTok(texts), EXAMPLES, CFG, path, [1], log=lambda *a: None)
+    records = evaluate.run_eval(ScriptedSampler(), ScriptedTok(texts), EXAMPLES, "", GREEDY, path, log=lambda *a: None)
     assert read_jsonl(path) == records
     r1, r2 = records
     assert (r1["id"], r1["completion"], r1["pred"]) == ("b-1", texts[0], "18")
@@ -84,7 +83,7 @@ def test_run_sampled_groups_seed_and_output(tmp_path):
     # k = 2 samples per problem: completions 0, 1 for Q1 and 2, 3 for Q2
     texts = ["#### 18", "#### 5", "#### 7", "#### 7"]
     sampler, path = ScriptedSampler(), tmp_path / "sampled.jsonl"
-    records = evaluate.run_sampled(sampler, ScriptedTok(texts), EXAMPLES, CFG, 2, 0.8, 123, path, [1],
+    records = evaluate.run_sampled(sampler, ScriptedTok(texts), EXAMPLES, "", Sampling(8, (1,), 0, 0.8), 2, 123, path,
                                    log=lambda *a: None, batch_size=4)
     assert sampler.calls == [{"n": 2, "k": 2, "temperature": 0.8, "seed": 123}]  # 4 // 2 prompts per call
     assert [r["completions"] for r in records] == [texts[:2], texts[2:]]

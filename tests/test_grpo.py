@@ -128,10 +128,10 @@ def test_token_logprobs_bf16_input_returns_fp32():
 
 
 # ---------------------------------------------------------------------------- grpo_loss: a tiny example
-# N=2 sequences, T=3 positions; sequence 1 has one padding position. max_len (the generation limit) is 4.
+# N=2 sequences, T=3 positions; sequence 1 has one padding position. max_new_tokens (the generation limit) is 4.
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])  # (N, T); 5 real tokens
-NORM = {"num_seqs": 2, "num_tokens": 5, "max_len": 4}
+NORM = {"num_seqs": 2, "num_tokens": 5, "max_new_tokens": 4}
 ADV = torch.tensor([2.0, -0.5], dtype=torch.float64)  # (N,)
 
 
@@ -143,7 +143,7 @@ def test_loss_types_are_the_three_documented():
     # ratio 1 everywhere: per_token = -A; masked sum = 3 * (-2) + 2 * 0.5 = -5
     ("dapo", -5 / 5),  # / num_tokens 5 = -1
     ("grpo", (-2 + 0.5) / 2),  # per-sequence means -2 and 0.5, / num_seqs 2 = -0.75
-    ("dr_grpo", -5 / (2 * 4)),  # / (num_seqs * max_len) = -0.625
+    ("dr_grpo", -5 / (2 * 4)),  # / (num_seqs * max_new_tokens) = -0.625
 ])
 def test_loss_ratio_one(loss_type, expected):
     logp = torch.full((2, 3), -1.3, dtype=torch.float64)
@@ -192,7 +192,7 @@ def test_eps_low_and_high_are_not_swapped():
     old = torch.zeros(1, 2, dtype=torch.float64)
     logp = torch.tensor([[math.log(2.0), math.log(2.0)]], dtype=torch.float64)  # rho = 2
     mask = torch.ones(1, 2)
-    norm = {"num_seqs": 1, "num_tokens": 2, "max_len": 2}
+    norm = {"num_seqs": 1, "num_tokens": 2, "max_new_tokens": 2}
     up, _ = grpo_loss(logp, old, None, torch.tensor([1.0]), mask, norm, eps_low=0.1, eps_high=0.5)
     close(up, -1.5)  # A = 1, rho 2 clipped to 1 + eps_high = 1.5; two tokens / 2
     down, _ = grpo_loss(-logp, old, None, torch.tensor([-1.0]), mask, norm, eps_low=0.1, eps_high=0.5)
@@ -244,7 +244,7 @@ def test_kl_gradient():
     # A = (1, -1) (centred), lengths 3 and 2; ratio 1: per_token = -A
     ("grpo", -(1 - 1) / 2, [[3 * 2] * 3, [2 * 2] * 3]),  # loss (-1 + 1) / 2 = 0; grad / (len_i * num_seqs)
     ("dapo", -(3 - 2) / 5, [[5] * 3, [5] * 3]),  # loss -(3 - 2) / 5 = -0.2: not 0, longer answer weighs more
-    ("dr_grpo", -(3 - 2) / 8, [[8] * 3, [8] * 3]),  # loss -1 / (2 * 4) = -0.125; grad / (num_seqs * max_len)
+    ("dr_grpo", -(3 - 2) / 8, [[8] * 3, [8] * 3]),  # loss -1 / (2 * 4) = -0.125; grad / (num_seqs * max_new_tokens)
 ])
 def test_policy_gradient_one_iteration(loss_type, expected_loss, denom):
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
@@ -269,7 +269,7 @@ def random_batch(seed: int = 0):
     adv = torch.randn(4, generator=g, dtype=torch.float64)
     lengths = torch.tensor([5, 2, 4, 1])
     mask = (torch.arange(5)[None, :] < lengths[:, None]).long()  # (N, T)
-    norm = {"num_seqs": 4, "num_tokens": int(lengths.sum()), "max_len": 6}
+    norm = {"num_seqs": 4, "num_tokens": int(lengths.sum()), "max_new_tokens": 6}
     return logp, old, ref, adv, mask, norm
 
 

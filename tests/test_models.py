@@ -128,15 +128,15 @@ def test_real_default_model_fast_sampler_equals_generate(real_cache):
     import torch
 
     from cpu_grpo.models import load_model
-    from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
+    from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 
     try:
         model, tok = load_model("smollm2-135m", log=lambda *a: None)
     except ModelError as e:
         pytest.skip(f"default model not available: {e}")
     prompts = encode_prompts(tok, ["What is 12 + 30?", "Tom has 3 apples and buys 5 more. How many apples now?"])
-    stops = eos_ids(tok, model)
-    out = Sampler(model, dtype=torch.float32).generate(prompts, 2, 24, stops, tok.pad_token_id, temperature=0)
+    stops = stop_ids(tok, model)
+    out = Sampler(model, dtype=torch.float32).generate(prompts, 2, Sampling(24, stops, tok.pad_token_id, 0))
     for i, p in enumerate(prompts):
         ref = model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=stops,
                              pad_token_id=tok.pad_token_id)[0, len(p):].tolist()

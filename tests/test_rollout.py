@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cpu_grpo import llama
-from cpu_grpo.rollout import Sampler, sample_token
-from cpu_grpo.train import group_logprobs
+from cpu_grpo.batching import group_logprobs
+from cpu_grpo.rollout import Sampler, Sampling, sample_token
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
 
@@ -32,7 +32,7 @@ def test_fast_path_is_used(model):
 def test_greedy_matches_generate_token_for_token(model):
     eos = model.config.eos_token_id
     sampler = Sampler(model, dtype=torch.float32)
-    out = sampler.generate(PROMPTS, 2, 20, [eos], model.config.pad_token_id, temperature=0)
+    out = sampler.generate(PROMPTS, 2, Sampling(20, (eos,), model.config.pad_token_id, temperature=0))
     assert len(out) == 6
     for i, p in enumerate(PROMPTS):
         ref = hf_greedy(model, p, 20, eos)
@@ -41,15 +41,15 @@ def test_greedy_matches_generate_token_for_token(model):
 
 def test_greedy_stops_at_eos_and_keeps_it(model):
     sampler = Sampler(model, dtype=torch.float32)
-    first = sampler.generate(PROMPTS[:1], 1, 20, [0], 0, temperature=0)[0]
+    first = sampler.generate(PROMPTS[:1], 1, Sampling(20, (0,), 0, temperature=0))[0]
     eos = first[3]  # pretend the 4th greedy token is the end of sequence
-    out = sampler.generate(PROMPTS[:1], 1, 20, [eos], 0, temperature=0)[0]
+    out = sampler.generate(PROMPTS[:1], 1, Sampling(20, (eos,), 0, temperature=0))[0]
     assert out == first[:first.index(eos) + 1]
 
 
 def test_seeded_sampling_replays_and_differs_across_seeds(model):
     sampler = Sampler(model, dtype=torch.float32)
-    run = [sampler.generate(PROMPTS, 4, 12, [0], 0, 1.0, generator=torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    run = [sampler.generate(PROMPTS, 4, Sampling(12, (0,), 0), torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
     assert run[0] == run[1]
     assert run[0] != run[2]
     assert len({tuple(c) for c in run[0][:4]}) > 1  # a group's samples differ from each other
@@ -114,7 +114,7 @@ def test_tied_embeddings_reach_the_rollout_copy(tiny_model):
     model = type(base)(cfg).eval()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     eos = cfg.eos_token_id
-    out = Sampler(model, dtype=torch.float32).generate(PROMPTS[:1], 1, 12, [eos], cfg.pad_token_id, temperature=0)
+    out = Sampler(model, dtype=torch.float32).generate(PROMPTS[:1], 1, Sampling(12, (eos,), cfg.pad_token_id, 0))
     assert out[0] == hf_greedy(model, PROMPTS[0], 12, eos)
 
 
@@ -145,10 +145,10 @@ def test_parts_of_a_group_add_up_to_the_whole_group(model):
 
 def test_released_copy_comes_back_with_the_policy_weights(model):
     sampler = Sampler(model, dtype=torch.float32)
-    before = sampler.generate(PROMPTS, 2, 8, [0], 0, temperature=0)
+    before = sampler.generate(PROMPTS, 2, Sampling(8, (0,), 0, temperature=0))
     sampler.release()
     assert all(p.numel() == 0 for p in sampler.net.parameters())
-    assert sampler.generate(PROMPTS, 2, 8, [0], 0, temperature=0) == before  # refreshed on demand
+    assert sampler.generate(PROMPTS, 2, Sampling(8, (0,), 0, temperature=0)) == before  # refreshed on demand
 
 
 def _lora(path, dtype):
@@ -171,7 +171,7 @@ def test_lora_is_sampled_unmerged_from_the_policy_itself(tiny_qwen):
     eos = model.config.eos_token_id
     for _ in range(2):
         sampler.release()  # nothing to free: the next generate() must still see the policy
-        out = sampler.generate(PROMPTS, 2, 12, [eos], model.config.pad_token_id, temperature=0)
+        out = sampler.generate(PROMPTS, 2, Sampling(12, (eos,), model.config.pad_token_id, temperature=0))
         for i, p in enumerate(PROMPTS):
             assert out[2 * i] == out[2 * i + 1] == hf_greedy(model, p, 12, eos)
         with torch.no_grad():

@@ -103,8 +103,8 @@ def test_variants_run(tiny_model, tmp_path, reward_file, variant):
 
 def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--model", tiny_model, "--output-dir", str(out),
-           "--steps", "100000", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "8",
+    cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", "demo", "--model", tiny_model, "--output-dir",
+           str(out), "--steps", "100000", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "8",
            "--eval-size", "0", "--save-every", "0", "--rewards", f"{reward_file}:length_reward",
            "--reward-weights", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -126,9 +126,9 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     """An allocation failure in the update (injected for micro-batches over 4 sequences) is retried at half the
     size, which the rest of the run keeps: the run ends with the same weights as a run that used 4 from the
     start, and says what happened."""
-    import cpu_grpo.train as train_mod
+    import cpu_grpo.step as step_mod
 
-    real = train_mod.group_logprobs
+    real = step_mod.group_logprobs
 
     def fails_when_large(model, prompts, completions, groups, g, *args, **kw):
         samples = kw.get("samples") or (args[4] if len(args) > 4 else None) or tuple(range(g))
@@ -138,7 +138,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 
     plain = tmp_path / "plain"
     train(tiny_cfg(tiny_model, plain, reward_file, eval_size=0, steps=2, micro_batch_size=4), log=lambda *a: None)
-    monkeypatch.setattr(train_mod, "group_logprobs", fails_when_large)
+    monkeypatch.setattr(step_mod, "group_logprobs", fails_when_large)
     lines = []
     retried = tmp_path / "retried"
     train(tiny_cfg(tiny_model, retried, reward_file, eval_size=0, steps=2, micro_batch_size=8), log=lines.append)
@@ -148,15 +148,15 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     b = load_file(checkpoint.latest(retried) / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    monkeypatch.setattr(train_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(step_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):  # any other error is not retried
         train(tiny_cfg(tiny_model, tmp_path / "other", reward_file, eval_size=0, steps=1), log=lambda *a: None)
 
 
 def test_truncated_completions_score_zero_unless_asked():
     from cpu_grpo.rewards import RewardError, correctness_reward, format_reward
+    from cpu_grpo.step import Rollout, score
     from cpu_grpo.tasks import Example
-    from cpu_grpo.train import Rollout, score
 
     batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]
     spam = "Elif has 42 + 28 = 70 lollipops\n#### 70\n#### \n#### \n#### "  # cut at the limit: no end
@@ -187,26 +187,26 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     """A nan loss (injected from step 2 on) never reaches the weights: the update is skipped with a line in the log
     (the checkpoints of steps 2 and 3 hold step 1's weights), and after BAD_STEPS such steps in a row the run stops
     with one sentence."""
-    import cpu_grpo.train as train_mod
+    import cpu_grpo.step as step_mod
 
-    real, calls = train_mod.grpo_loss, {"n": 0}
+    real, calls = step_mod.grpo_loss, {"n": 0}
 
     def nan_after_first_step(*args, **kw):
         loss, st = real(*args, **kw)
         return (loss * math.nan if r_step["n"] >= 1 else loss), st
 
     r_step = {"n": 0}
-    real_update = train_mod._update
+    real_update = step_mod._update
 
     def counting_update(r, *args, **kw):
         r_step["n"] = r.step
         calls["n"] += 1
         return real_update(r, *args, **kw)
 
-    monkeypatch.setattr(train_mod, "grpo_loss", nan_after_first_step)
-    monkeypatch.setattr(train_mod, "_update", counting_update)
+    monkeypatch.setattr(step_mod, "grpo_loss", nan_after_first_step)
+    monkeypatch.setattr(step_mod, "_update", counting_update)
     out, lines = tmp_path / "nan", []
-    with pytest.raises(train_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
+    with pytest.raises(step_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
         train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),
               log=lines.append)
     assert calls["n"] == 4  # one good step, three skipped

@@ -13,16 +13,16 @@ from vs_trl import problems_in_our_order  # noqa: E402
 
 from cpu_grpo.config import TrainConfig  # noqa: E402
 from cpu_grpo.models import keep_freed_memory, load_model, set_threads  # noqa: E402
-from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids  # noqa: E402
+from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids  # noqa: E402
 
 set_threads()
 keep_freed_memory()
 model, tok = load_model("smollm2-135m", log=lambda *a: None)
 prompts = encode_prompts(tok, [p.question for p in problems_in_our_order(64)[:12]], TrainConfig().instruction)
-stops, pad, n, new = eos_ids(tok, model), tok.pad_token_id, 16, 128
+stops, pad, n, new = stop_ids(tok, model), tok.pad_token_id, 16, 128
 sampler = Sampler(model)
 ours = [
-    [len(c) for c in sampler.generate([p], n, new, stops, pad, 1.0, 0, 1.0, torch.Generator().manual_seed(100 + i))]
+    [len(c) for c in sampler.generate([p], n, Sampling(new, stops, pad), torch.Generator().manual_seed(100 + i))]
     for i, p in enumerate(prompts)
 ]
 torch.manual_seed(0)

@@ -10,7 +10,7 @@ from common import rss
 
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.models import keep_freed_memory, set_threads
-from cpu_grpo.rollout import Sampler, encode_prompts
+from cpu_grpo.rollout import Sampler, Sampling, encode_prompts
 from cpu_grpo.runstate import prepare_model
 
 set_threads()
@@ -24,7 +24,7 @@ rss("model (LoRA, base in bf16)")
 sampler = Sampler(model)
 rss("sampler")
 prompts = encode_prompts(tok, ["What is 2 + 3?"] * 4)
-sampler.generate(prompts, 4, 32, [], tok.pad_token_id, 1.0, 0, 1.0, torch.Generator().manual_seed(0))
+sampler.generate(prompts, 4, Sampling(32, (), tok.pad_token_id), torch.Generator().manual_seed(0))
 rss("rollout 4 x 4 x 32")
 sampler.release()
 rss("released")

@@ -7,7 +7,7 @@ from cpu_grpo import tasks
 from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.models import keep_freed_memory, load_model, set_threads
-from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
+from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 
 set_threads()
 if not os.environ.get("NOMALLOPT"):
@@ -25,7 +25,7 @@ probs = tasks.generate("basic", 16, seed=7)
 for step in range(3):
     prompts = encode_prompts(tok, [p.question for p in probs[step * 4 : (step + 1) * 4]], TrainConfig().instruction)
     comps = s.generate(
-        prompts, g, 128, eos_ids(tok, model), tok.pad_token_id, 1.0, 0, 1.0, torch.Generator().manual_seed(step)
+        prompts, g, Sampling(128, stop_ids(tok, model), tok.pad_token_id), torch.Generator().manual_seed(step)
     )
     rss(f"rollout {step}")
     opt.zero_grad(set_to_none=True)

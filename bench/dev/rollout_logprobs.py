@@ -16,7 +16,7 @@ set_threads()
 keep_freed_memory()
 model, tok = load_model("smollm2-135m", log=lambda *a: None)
 sampler = rollout.Sampler(model)
-eos = rollout.eos_ids(tok, model)
+eos = rollout.stop_ids(tok, model)
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ import torch
 from cpu_grpo import tasks
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.models import keep_freed_memory, set_threads
-from cpu_grpo.rollout import Sampler, encode_prompts, eos_ids
+from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 from cpu_grpo.runstate import prepare_model
 
 ap = argparse.ArgumentParser()
@@ -34,12 +34,12 @@ model, tok = prepare_model(cfg, log=lambda *a: None)
 sampler = Sampler(model)
 b, g, new = map(int, args.shape.split("x"))
 problems = tasks.generate("basic", b * (args.reps + 1), seed=7)
-stops, pad = [] if args.no_stop else eos_ids(tok, model), tok.pad_token_id
+stops, pad = [] if args.no_stop else stop_ids(tok, model), tok.pad_token_id
 tokens, seconds = 0, 0.0
 for r in range(args.reps + 1):
     prompts = encode_prompts(tok, [p.question for p in problems[r * b : (r + 1) * b]], cfg.instruction)
     t = time.perf_counter()
-    comps = sampler.generate(prompts, g, new, stops, pad, 1.0, 0, 1.0, torch.Generator().manual_seed(r))
+    comps = sampler.generate(prompts, g, Sampling(new, tuple(stops), pad), torch.Generator().manual_seed(r))
     if r:
         tokens, seconds = tokens + sum(len(c) for c in comps), seconds + time.perf_counter() - t
 print(f"{args.label} {tokens / seconds:.1f} tok/s ({tokens} tokens in {seconds:.1f} s)", flush=True)

@@ -11,19 +11,20 @@ from .grpo import token_logprobs
 from .rollout import left_pad
 
 
-def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_id: int, temperature: float,
-                   autocast: bool, checkpointing: bool = False, samples: tuple[int, ...] | None = None):
+def group_logprobs(model, prompts, completions, groups: list[int], num_generations: int, pad_id: int,
+                   temperature: float, autocast: bool, checkpointing: bool = False,
+                   samples: tuple[int, ...] | None = None):
     """Log-probs (n, T) of the completions of `groups` and their mask (n, T): the given samples of each group
     (indices in 0..G-1; all G by default), so n = len(groups) * len(samples).
 
     Llama-family models run each prompt once per micro-batch (llama.group_forward); others run the full
     left-padded prompt + completion sequences through the HF decoder.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base, g = (model.get_base_model() if hasattr(model, "get_base_model") else model), num_generations
     samples = samples or tuple(range(g))
     ps = [prompts[i] for i in groups]
     cs = [completions[i * g + j] for i in groups for j in samples]
-    g = len(samples)  # rows per prompt in this micro-batch
+    rows_per_prompt = len(samples)
     pids, pvalid = left_pad(ps, pad_id)
     p_len, t_len = pids.shape[1], max(1, max(len(c) for c in cs))
     cids = torch.full((len(cs), t_len), pad_id, dtype=torch.long)
@@ -34,10 +35,10 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
             cmask[r, :len(c)] = 1
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if llama.supports(base):
-            hidden = llama.group_forward(base, pids, pvalid, cids, g, checkpointing)
+            hidden = llama.group_forward(base, pids, pvalid, cids, rows_per_prompt, checkpointing)
         else:
-            ids = torch.cat([pids.repeat_interleave(g, 0), cids], dim=1)
-            attn = torch.cat([pvalid.repeat_interleave(g, 0).long(), cmask.long()], dim=1)
+            ids = torch.cat([pids.repeat_interleave(rows_per_prompt, 0), cids], dim=1)
+            attn = torch.cat([pvalid.repeat_interleave(rows_per_prompt, 0).long(), cmask.long()], dim=1)
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
             out = base.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
             hidden = out[:, p_len - 1:-1]
@@ -46,10 +47,11 @@ def group_logprobs(model, prompts, completions, groups: list[int], g: int, pad_i
     return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
 
 
-def micro_batches(groups: list[int], g: int, rows: int, lengths: list[int] | None = None):
+def micro_batches(groups: list[int], num_generations: int, rows: int, lengths: list[int] | None = None):
     """Micro-batches of about `rows` sequences as (groups, samples): whole groups when rows >= G, else each
     group in near-equal parts (its prompt then runs once per part), its samples ordered by completion length
     (`lengths`, one per sequence) so that short ones are padded to short ones."""
+    g = num_generations
     if rows >= g:
         k = rows // g
         for i in range(0, len(groups), k):
@@ -86,14 +88,14 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     return rows * row + groups * prompt + (probs if probs <= 256 * 2**20 else 0)
 
 
-def auto_micro_rows(model, prompt_len: int, completion_len: int, g: int, budget: float = 0.75e9) -> int:
+def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int, budget: float = 0.75e9) -> int:
     """Sequences per forward/backward so that the activations kept for the backward (`activation_bytes`) fit
     `budget` bytes (and a quarter of the free memory). Whole groups while they fit, else parts of a group (each
     part runs the prompt again: ~5% slower for halves on SmolLM2-135M, for half the activation memory).
     """
     import psutil
 
-    cfg = model.config
+    cfg, g = model.config, num_generations
     budget = min(psutil.virtual_memory().available * 0.25, budget)
     if activation_bytes(cfg, prompt_len, completion_len, g) <= budget:
         k = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import fields
 
@@ -50,11 +51,35 @@ def _saved_config(overrides: dict):
 
 
 def cmd_train(args) -> int:
+    from . import distributed
+
+    if getattr(args, "nproc", 1) > 1 and not distributed.launched():  # torchrun on this machine, our arguments
+        return _torchrun(args.nproc, args.argv)
     from .train import train
 
     cfg = _config_from(args)
-    train(cfg, profile=args.profile or args.default_profile, resume=args.resume)
+    try:
+        train(cfg, profile=args.profile or args.default_profile, resume=args.resume)
+    finally:
+        distributed.close()
     return 0
+
+
+def _torchrun(nproc: int, argv: list[str]) -> int:
+    """`torchrun --standalone --nproc-per-node N -m cpu_grpo <the same command without --nproc>`."""
+    import subprocess
+
+    rest, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--nproc":
+            i += 2
+            continue
+        if not argv[i].startswith("--nproc="):
+            rest.append(argv[i])
+        i += 1
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
+           "cpu_grpo", *rest]
+    return subprocess.call(cmd)
 
 
 def cmd_eval(args) -> int:
@@ -65,23 +90,33 @@ def cmd_eval(args) -> int:
     from .evaluate import run_eval, run_sampled
     from .loaders import load_task
     from .models import load_model, set_threads
-    from .rollout import Sampler, eos_ids
+    from .rollout import Sampler, Sampling, stop_ids
 
-    cfg = config_mod.build(None, None, {"model": args.model, "eval_max_new_tokens": args.max_new_tokens,
-                                        **({"instruction": args.instruction} if args.instruction is not None else {})})
+    instruction = args.instruction if args.instruction is not None else _instruction_of(args.model)
     set_threads()
     examples = load_task(args.task, n=args.n, seed=args.seed, split=None,
                          on_error="skip" if args.skip_bad_lines else "raise")
     model, tok = load_model(args.model, args.trust_remote_code)
-    sampler, stops = Sampler(model), eos_ids(tok, model)
+    sampler, stops = Sampler(model), stop_ids(tok, model)
     if args.samples > 0:
-        records = run_sampled(sampler, tok, examples, cfg, args.samples, args.temperature, args.seed, args.output,
-                              stops)
+        sampling = Sampling(args.max_new_tokens, stops, tok.pad_token_id, args.temperature)
+        records = run_sampled(sampler, tok, examples, instruction, sampling, args.samples, args.seed, args.output)
         print(sampled_table(sampled_summary(records)))
         return 0
-    records = run_eval(sampler, tok, examples, cfg, args.output, stops)
+    greedy = Sampling(args.max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
+    records = run_eval(sampler, tok, examples, instruction, greedy, args.output)
     print(level_tables(metric_summary(records)))
     return 0
+
+
+def _instruction_of(model: str) -> str:
+    """The instruction a checkpoint was trained with (its train_config.yaml), else the training default."""
+    from pathlib import Path
+
+    saved = Path(model) / "train_config.yaml"
+    if saved.is_file():
+        return str(config_mod.load_file(saved).get("instruction", config_mod.TrainConfig.instruction))
+    return config_mod.TrainConfig.instruction
 
 
 def cmd_compare(args) -> int:
@@ -95,6 +130,53 @@ def cmd_compare(args) -> int:
         print(f"wrote {args.output}")
     else:
         print(text)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from .planner import Machine, Shapes, fit_budget, predict, render
+
+    cfg = _config_from(args)
+    shapes, machine = Shapes.of(_model_config(cfg.model)), Machine.measure()
+    print(render(cfg, predict(cfg, shapes, machine, args.completion_len), machine, cfg.model))
+    if args.budget or args.memory:
+        seconds = _duration(args.budget) if args.budget else None
+        memory = float(args.memory.upper().removesuffix("G").removesuffix("B")) if args.memory else None
+        fits = fit_budget(cfg, shapes, machine, seconds, memory)
+        if not fits:
+            print(f"nothing tried fits {args.budget or ''} {args.memory or ''}: fewer --steps or a smaller model")
+            return 1
+        print("settings that fit, nearest to yours first:")
+        for changes, p in fits[:5]:
+            flags = " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in changes.items())
+            print(f"  {flags}: {p.step_s:.0f} s a step, {p.peak_gb:.1f} GB, {p.wall_s / 60:.0f} min")
+    return 0
+
+
+def _model_config(spec: str):
+    from transformers import AutoConfig
+
+    from .models import resolve_model
+
+    return AutoConfig.from_pretrained(resolve_model(spec))
+
+
+def _duration(text: str) -> float:
+    """'90m', '2h', '45s' or seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    except ValueError:
+        raise config_mod.ConfigError(f"--budget {text!r}: give a duration such as 30m, 2h or 900s") from None
+
+
+def cmd_doctor(args) -> int:
+    import json
+
+    from .doctor import facts, render
+
+    f = facts(args.seconds)
+    print(json.dumps(f, indent=2) if args.json else render(f))
     return 0
 
 
@@ -112,9 +194,28 @@ def cmd_app(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cpu-grpo", description="GRPO fine-tuning of small language models on a CPU.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train with GRPO (profile default: the basic, intermediate, advanced "
-                       "curriculum with EWC; evaluates before and after each stage, writes a report)")
+    _training_commands(sub)
+    _other_commands(sub)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # outside the training loop (which saves a checkpoint and returns by itself)
+        print("cpu-grpo: interrupted; nothing was saved from the step in progress.", file=sys.stderr)
+        return 130
+    except (UserError, FileNotFoundError) as e:  # ours: one sentence, no traceback
+        rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        mine = rank is not None and not str(e).startswith("rank ")
+        print(f"cpu-grpo: {'rank ' + rank + ': ' if mine else ''}{e}", file=sys.stderr)
+        return 2
+
+
+def _training_commands(sub) -> None:
+    p = sub.add_parser("train", help="train with GRPO (profile default: Qwen2.5-Coder-0.5B with LoRA through the "
+                       "basic, intermediate, advanced curriculum with EWC; evaluates before and after, writes a report)")
     _add_config_args(p)
+    p.add_argument("--nproc", type=int, default=1, metavar="N", help="data-parallel processes on this machine (runs "
+                   "torchrun --standalone --nproc-per-node N; for several machines call torchrun yourself)")
     p.set_defaults(func=cmd_train, default_profile="default")
     p = sub.add_parser("demo", help="the default job: train the default model on basic problems, before/after report")
     _add_config_args(p)
@@ -127,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
                    "and of sampling")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--instruction", default=None, help="text appended to every question (default: the training "
-                   "default; pass the run's own when it trained with another)")
+    p.add_argument("--instruction", default=None, help="text appended to every question (default: the one a "
+                   "checkpoint was trained with, from its train_config.yaml; else the training default)")
     p.add_argument("--output", default=None, help="write per-problem records to this JSONL file")
     p.add_argument("--samples", type=int, default=0, metavar="K", help="draw K sampled completions per problem "
                    "and report pass@1..K and majority-vote@K instead of greedy accuracy (default 0: greedy)")
@@ -136,11 +237,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
     p.set_defaults(func=cmd_eval)
+
+
+def _other_commands(sub) -> None:
     p = sub.add_parser("compare", help="two runs side by side: config, before/after, training, paired test")
     p.add_argument("run_a", metavar="RUN_A", help="a run directory (runs/<name>)")
     p.add_argument("run_b", metavar="RUN_B", help="another run directory")
     p.add_argument("--output", default=None, metavar="FILE.md", help="write the markdown here instead of printing")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("plan", help="predict seconds per step, peak memory and wall time of a train command on "
+                       "this machine; with --budget/--memory, settings that fit")
+    _add_config_args(p)
+    p.add_argument("--budget", default=None, help="wall-time budget for the run: 30m, 2h, 900s")
+    p.add_argument("--memory", default=None, help="memory budget: 8G")
+    p.add_argument("--completion-len", type=int, default=None, help="assume completions of this many tokens "
+                   "(default: every completion at max_new_tokens, the worst case)")
+    p.set_defaults(func=cmd_plan, default_profile="default")
+    p = sub.add_parser("doctor", help="this machine: CPU flags, cores, memory, torch, measured matmul speed, models "
+                       "cached, extras installed")
+    p.add_argument("--seconds", type=float, default=2.0, help="time spent measuring matmul speed")
+    p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("app", help="web page on this machine: train, watch, inspect groups, evaluate, compare, try")
     p.add_argument("--runs-dir", default="runs", help="directory whose runs the page lists and starts")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
@@ -153,15 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allow-code", action="store_true", help="let the page load reward functions from files and "
                    "modules (they run code in the training process)")
     p.set_defaults(func=cmd_app)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:  # outside the training loop (which saves a checkpoint and returns by itself)
-        print("cpu-grpo: interrupted; nothing was saved from the step in progress.", file=sys.stderr)
-        return 130
-    except (UserError, FileNotFoundError) as e:  # ours: one sentence, no traceback
-        print(f"cpu-grpo: {e}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

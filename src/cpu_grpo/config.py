@@ -93,6 +93,8 @@ class TrainConfig:
     save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
     keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first)")
     threads: int = _f(0, "torch threads (0: one per physical core)")
+    ddp_timeout: int = _f(1800, "seconds a rank waits for the others (torchrun runs) before the run stops with a "
+                                "message naming the rank that failed")
     report_to: list[str] = _f([], "experiment trackers besides metrics.jsonl: tensorboard, trackio, wandb (offline "
                                   "unless WANDB_MODE says otherwise); extra: pip install 'cpu-grpo[track]'")
     log_completions_every: int = _f(10, "steps between tables of sampled completions sent to report_to trackers "
@@ -126,6 +128,7 @@ class TrainConfig:
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "
                                       "the gradient"),
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
+            (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
             (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),

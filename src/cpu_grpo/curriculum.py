@@ -53,21 +53,24 @@ def trainable(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def fisher_diagonal(model, seq_logprob, n: int) -> dict[str, torch.Tensor]:
+def fisher_diagonal(model, seq_logprob, n: int, mine: int | None = None, add_up=None) -> dict[str, torch.Tensor]:
     """Mean squared gradient of log p(completion | prompt) over n samples, normalised to mean 1.
 
     `seq_logprob(i)` returns the summed log-prob (a scalar with grad) of sample i; the samples should come
-    from the policy itself (then this is the Fisher, not the empirical Fisher of fixed data).
+    from the policy itself (then this is the Fisher, not the empirical Fisher of fixed data). Shared among
+    processes: each runs `mine` of the n samples and `add_up(tensors)` sums the tensors over them in place.
     """
     params = trainable(model)
     acc = {k: torch.zeros_like(p, dtype=torch.float32) for k, p in params.items()}
-    for i in range(n):
+    for i in range(n if mine is None else mine):
         model.zero_grad(set_to_none=True)
         seq_logprob(i).backward()
         for k, p in params.items():
             if p.grad is not None:
                 acc[k] += p.grad.float() ** 2
     model.zero_grad(set_to_none=True)
+    if add_up is not None:
+        add_up(list(acc.values()))
     mean = sum(v.sum().item() for v in acc.values()) / max(1, sum(v.numel() for v in acc.values())) / n
     scale = 1.0 / (n * mean) if mean > 0 else 0.0
     return {k: v.mul_(scale) for k, v in acc.items()}

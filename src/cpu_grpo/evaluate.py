@@ -15,8 +15,10 @@ from pathlib import Path
 from . import metrics, rewards, stats, tasks
 
 
-def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=print, batch_size: int = 64) -> list[dict]:
-    """Greedy completions for every example; one record per problem, written as JSONL when out_path is given."""
+def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
+             batch_size: int = 64) -> list[dict]:
+    """One completion for every example (greedy: `sampling` with temperature 0), each appended to the question
+    with `instruction`; one record per problem, written as JSONL when out_path is given."""
     from .rollout import encode_prompts
 
     use_mv = metrics.math_verify_available()
@@ -25,8 +27,8 @@ def run_eval(sampler, tok, examples, cfg, out_path: Path | None, stops, log=prin
     records, t0 = [], time.time()
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
-        prompts = encode_prompts(tok, [ex.question for ex in part], cfg.instruction)
-        outs = sampler.generate(prompts, 1, cfg.eval_max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
+        prompts = encode_prompts(tok, [ex.question for ex in part], instruction)
+        outs = sampler.generate(prompts, 1, sampling)
         for ex, ids in zip(part, outs, strict=True):
             text = tok.decode(ids, skip_special_tokens=True)
             records.append({"id": ex.id, "difficulty": ex.difficulty, "question": ex.question, "answer": ex.answer,
@@ -58,9 +60,9 @@ def sampled_record(ex: tasks.Example, texts: list[str]) -> dict:
             "maj_correct": rewards.answers_match(majority, ex.answer)}
 
 
-def run_sampled(sampler, tok, examples, cfg, k: int, temperature: float, seed: int, out_path: Path | None, stops,
+def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed: int, out_path: Path | None = None,
                 log=print, batch_size: int = 64) -> list[dict]:
-    """k sampled completions per example (a seeded torch.Generator); one `sampled_record` per problem."""
+    """k completions per example drawn with `sampling` (a seeded torch.Generator); one `sampled_record` each."""
     import torch
 
     from .rollout import encode_prompts
@@ -70,9 +72,8 @@ def run_sampled(sampler, tok, examples, cfg, k: int, temperature: float, seed: i
     records, t0 = [], time.time()
     for i in range(0, len(examples), per_call):
         part = examples[i:i + per_call]
-        prompts = encode_prompts(tok, [ex.question for ex in part], cfg.instruction)
-        outs = sampler.generate(prompts, k, cfg.eval_max_new_tokens, stops, tok.pad_token_id,
-                                temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p, generator=gen)
+        prompts = encode_prompts(tok, [ex.question for ex in part], instruction)
+        outs = sampler.generate(prompts, k, sampling, gen)
         texts = tok.batch_decode(outs, skip_special_tokens=True)
         records += [sampled_record(ex, texts[j * k:(j + 1) * k]) for j, ex in enumerate(part)]
         log(f"  sampled {len(records)}/{len(examples)} x {k} ({time.time() - t0:.0f}s)")

@@ -22,12 +22,12 @@ import torch
 from torch import Tensor
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4
+def group_advantages(rewards: Tensor, num_generations: int, scale: str = "group", eps: float = 1e-4
                      ) -> tuple[Tensor, dict]:
     """rewards (N,) group-major -> advantages (N,), and the fraction of groups whose rewards are all equal."""
-    r = rewards.view(-1, group_size)  # (B, G)
+    r = rewards.view(-1, num_generations)  # (B, G)
     mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
+    std = r.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean)
     adv = r - mean
     if scale == "group":
         adv = adv / (std + eps)
@@ -111,8 +111,8 @@ def _agg_dapo(per_token: Tensor, mask: Tensor, norm: dict) -> Tensor:
 
 
 def _agg_dr_grpo(per_token: Tensor, mask: Tensor, norm: dict) -> Tensor:
-    # sum over tokens divided by a constant N * max_len: no length bias at all (Liu et al., 2025)
-    return (per_token * mask).sum() / (norm["num_seqs"] * norm["max_len"])
+    # sum over tokens divided by a constant N * max_new_tokens: no length bias at all (Liu et al., 2025)
+    return (per_token * mask).sum() / (norm["num_seqs"] * norm["max_new_tokens"])
 
 
 LOSS_TYPES = {"grpo": _agg_grpo, "dapo": _agg_dapo, "dr_grpo": _agg_dr_grpo}
@@ -124,7 +124,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     """Clipped-ratio policy loss (+ beta * k3 KL), aggregated by `loss_type`.
 
     logp, old_logp, ref_logp, mask: (n, T) for this micro-batch; advantages (n,).
-    norm: {"num_seqs", "num_tokens", "max_len"} of the whole batch, so micro-batches add up exactly.
+    norm: {"num_seqs", "num_tokens", "max_new_tokens"} of the whole batch, so micro-batches add up exactly.
     Returns the loss to backpropagate and sums for logging (divide by the batch's token count).
     """
     keep = mask.bool()

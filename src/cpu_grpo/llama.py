@@ -145,7 +145,7 @@ def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache
     return _rms(x[:, -1], inner.norm)
 
 
-def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, group_size: int,
+def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, rows_per_prompt: int,
                   checkpointing: bool = False) -> Tensor:
     """Hidden states that predict each completion token, with one prompt pass per group.
 
@@ -158,7 +158,7 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     inner = base.model
     b, p = prompt_ids.shape
     n, t = comp_ids.shape
-    g = group_size
+    g = rows_per_prompt
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
     x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
@@ -286,9 +286,9 @@ class PrefixCache:
     finished ones are dropped from kc/vc, never from the shared prompt part.
     """
 
-    def __init__(self, prompt_cache, prompt_valid: Tensor, group_size: int, max_new: int):
+    def __init__(self, prompt_cache, prompt_valid: Tensor, rows_per_prompt: int, max_new: int):
         self.prompt = prompt_cache
-        b, g = prompt_valid.shape[0], group_size
+        b, g = prompt_valid.shape[0], rows_per_prompt
         self.b, self.g = b, g
         kp, vp = prompt_cache[0]
         hkv, d = kp.shape[1], kp.shape[2]

@@ -291,12 +291,13 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     return model, tok
 
 
-def set_threads(n: int | None = None) -> int:
-    """Use one thread per physical core (hyper-threads slow matmuls down); return the count."""
+def set_threads(n: int | None = None, ranks_here: int = 1) -> int:
+    """Use one thread per physical core (hyper-threads slow matmuls down), shared out among the `ranks_here`
+    processes of a data-parallel run on this machine; return the count."""
     import psutil
     import torch
 
-    n = n or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    n = n or max(1, (psutil.cpu_count(logical=False) or os.cpu_count() or 1) // max(1, ranks_here))
     torch.set_num_threads(n)
     return n
 

@@ -257,8 +257,10 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     [1.0, 0.5, 0.25, 0.0]
     >>> format_reward(["3 + 4 = 7\\n#### 7\\n#### 7", "3 + 4 = 7\\n#### 7\\n#### \\n#### "])
     [0.75, 0.75]
-    >>> format_reward(["\\\\( 3 \\\\times 4 = 12 \\\\)\\n\\\\[\\\\boxed{12}\\\\]", "\\\\boxed{x}", "\\\\boxed{7} \\\\boxed{7}"])
-    [1.0, 0.0, 0.5]
+    >>> format_reward(["\\\\( 3 \\\\times 4 = 12 \\\\)\\n\\\\[\\\\boxed{12}\\\\]", "\\\\boxed{x}"])
+    [1.0, 0.0]
+    >>> format_reward(["\\\\boxed{7} \\\\boxed{7}", "So \\\\(\\\\boxed{7}\\\\) apples."])
+    [0.5, 0.5]
     """
     return [_format_score(completion_text(c)) for c in completions]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,6 +35,19 @@ from .llama import (
     sampling_projections,
     supports,
 )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn: the length limit, the tokens that end one, the padding id, and the temperature
+    (0: greedy), top-k (0: off) and top-p (1.0: off) of sampling."""
+
+    max_new_tokens: int
+    stops: tuple[int, ...]
+    pad_id: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
 
 
 def _plain_name(name: str) -> str:
@@ -118,22 +132,21 @@ class Sampler:
             self.projs = sampling_projections(self.net, self.fused)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], group_size: int, max_new_tokens: int, eos_ids: list[int],
-                 pad_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+    def generate(self, prompts: list[list[int]], num_generations: int, sampling: Sampling,
                  generator: torch.Generator | None = None) -> list[list[int]]:
-        """Return B*G completions (token ids, EOS included when reached), group-major: row i*G+j."""
+        """Return B*G completions (token ids, a stop token included when reached), group-major: row i*G+j."""
+        if not prompts:
+            return []
         context = getattr(self.net.config, "max_position_embeddings", None)
-        longest = max(len(p) for p in prompts)
-        if context and longest + max_new_tokens > context:
-            raise PromptTooLong(f"a prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the model's "
+        longest, limit = max(len(p) for p in prompts), sampling.max_new_tokens
+        if context and longest + limit > context:
+            raise PromptTooLong(f"a prompt of {longest} tokens plus {limit} new tokens exceeds the model's "
                                 f"context of {context}: shorten or drop that question, or lower the token limit")
         if self.released is not None:
             self.refresh()
         if not self.fast:
-            return _hf_generate(self.net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature,
-                                top_k, top_p, generator)
-        return _fast_generate(self.net, self.projs, prompts, group_size, max_new_tokens, eos_ids, pad_id,
-                              temperature, top_k, top_p, generator)
+            return _hf_generate(self.net, prompts, num_generations, sampling, generator)
+        return _fast_generate(self.net, self.projs, prompts, num_generations, sampling, generator)
 
 
 def _empty_copy(base, dtype: torch.dtype):
@@ -256,11 +269,10 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
 # fast path: llama.cached_forward over a preallocated KV cache
 
 
-def _fast_generate(net, projs, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p,
-                   generator):
-    cfg = net.config
-    b, g = len(prompts), group_size
-    ids, valid = left_pad(prompts, pad_id)
+def _fast_generate(net, projs, prompts, num_generations: int, sampling: Sampling, generator):
+    cfg, s, max_new_tokens = net.config, sampling, sampling.max_new_tokens
+    b, g = len(prompts), num_generations
+    ids, valid = left_pad(prompts, s.pad_id)
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     hkv, p_len = cfg.num_key_value_heads, ids.shape[1]
@@ -271,10 +283,10 @@ def _fast_generate(net, projs, prompts, group_size, max_new_tokens, eos_ids, pad
     next_pos = pos[:, -1].repeat_interleave(g, 0) + 1  # (N,)
     logits = net.lm_head(last).repeat_interleave(g, 0)  # (N, V)
     out: list[list[int]] = [[] for _ in range(b * g)]
-    eos = torch.tensor(eos_ids)
+    eos = torch.tensor(list(s.stops))
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
     for step in range(max_new_tokens):
-        tok = sample_token(logits, temperature, top_k, top_p, generator)
+        tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator)
         for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
             if not d:
                 out[r].append(t)
@@ -295,19 +307,20 @@ def _fast_generate(net, projs, prompts, group_size, max_new_tokens, eos_ids, pad
 # fallback: transformers.generate on the rollout copy
 
 
-def _hf_generate(net, prompts, group_size, max_new_tokens, eos_ids, pad_id, temperature, top_k, top_p, generator):
-    ids, mask = left_pad(prompts, pad_id)
+def _hf_generate(net, prompts, num_generations: int, sampling: Sampling, generator):
+    s = sampling
+    ids, mask = left_pad(prompts, s.pad_id)
     p_len, mask = ids.shape[1], mask.long()
     if generator is not None:  # generate() draws from the global RNG: seed it from ours
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-    sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or None, top_p=top_p)
-    seqs = net.generate(input_ids=ids.repeat_interleave(group_size, 0),
-                        attention_mask=mask.repeat_interleave(group_size, 0), max_new_tokens=max_new_tokens,
-                        eos_token_id=eos_ids, pad_token_id=pad_id,
-                        **(sampling if temperature > 0 else dict(do_sample=False)))
+    random = dict(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
+    seqs = net.generate(input_ids=ids.repeat_interleave(num_generations, 0),
+                        attention_mask=mask.repeat_interleave(num_generations, 0), max_new_tokens=s.max_new_tokens,
+                        eos_token_id=list(s.stops), pad_token_id=s.pad_id,
+                        **(random if s.temperature > 0 else dict(do_sample=False)))
     out = []
     for row in seqs[:, p_len:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        cut = next((i + 1 for i, t in enumerate(row) if t in s.stops), len(row))
         out.append(row[:cut])
     return out
 
@@ -326,9 +339,10 @@ def encode_prompts(tokenizer, questions: list[str], instruction: str = "") -> li
     return out
 
 
-def eos_ids(tokenizer, model) -> list[int]:
+def stop_ids(tokenizer, model) -> tuple[int, ...]:
+    """The tokens that end a completion: the tokenizer's EOS and the generation config's."""
     ids = {tokenizer.eos_token_id}
     gen = getattr(model, "generation_config", None)
     extra = getattr(gen, "eos_token_id", None) if gen is not None else None
     ids.update(extra if isinstance(extra, list) else [extra])
-    return sorted(i for i in ids if i is not None)
+    return tuple(sorted(i for i in ids if i is not None))

@@ -13,10 +13,13 @@ import torch
 
 from . import checkpoint, curriculum
 from .config import TrainConfig
+from .distributed import SINGLE, World
 from .errors import RunDirError, UserError
 from .models import load_model
-from .rollout import Sampler, eos_ids
+from .rollout import Sampler, Sampling, stop_ids
 from .tracking import cut_jsonl
+
+RANK_SEED = 7919  # rank r samples with seed + RANK_SEED * r
 
 
 class TrainingError(UserError):
@@ -80,9 +83,10 @@ class Run:
     opt: torch.optim.Optimizer
     sched: object
     gen: torch.Generator
-    stops: list[int]
+    stops: tuple[int, ...]
     autocast: bool
     log: object
+    world: World = SINGLE  # this process's rank among the data-parallel ranks (one process: SINGLE)
     ewc: curriculum.EWC = field(default_factory=curriculum.EWC)
     step: int = 0  # optimizer steps in the whole run
     stage_index: int = 0  # the stage being trained
@@ -92,6 +96,13 @@ class Run:
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
     micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
     commit: str = ""  # the code this process started with (tracking.code_version), for summary.json
+
+    def sampling(self, greedy: bool = False) -> Sampling:
+        """How rollouts are sampled (the config's limit, temperature, top-k/p), or the greedy evaluation."""
+        c, pad = self.cfg, self.tok.pad_token_id
+        if greedy:
+            return Sampling(c.eval_max_new_tokens, self.stops, pad, temperature=0.0)
+        return Sampling(c.max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
@@ -112,23 +123,28 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     return run, ckpt
 
 
-def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[Run, object]:
+def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: World = SINGLE) -> tuple[Run, object]:
     """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference).
-    Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are removed."""
-    checkpoint.remove_partial(run_dir)
+    Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are removed.
+    Every rank builds its own; each samples with its own generator (rank 0's seed is the run's seed)."""
+    if world.main:
+        checkpoint.remove_partial(run_dir)
     model, tok = prepare_model(cfg, log)
     ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
     if ckpt is not None:
         model = checkpoint.load_weights(model, ckpt)
+    else:
+        world.same_params(model)
     autocast = cfg.bf16 and bf16_supported()
     opt, sched = make_optimizer(cfg, model)
     run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,
-              sched, torch.Generator().manual_seed(cfg.seed), eos_ids(tok, model), autocast, log)
+              sched, torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank), stop_ids(tok, model), autocast,
+              log, world)
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        checkpoint.restore_rng(state["rng"], run.gen)
+        _restore_rng(run, state)
         run.step, run.data_pos = state["step"], state["data_pos"]
         run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
         if (ckpt / curriculum.EWC_FILE).exists():
@@ -136,19 +152,36 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log) -> tuple[
         log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
     # records of steps after the checkpoint (all of them before a first one) are logged again as the steps rerun;
     # a run stopped before its first checkpoint starts again in place, its base evaluation kept
-    dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl"))
+    dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl")) \
+        if world.main else 0
     if dropped:
         log(f"{dropped} log records of steps after {ckpt or 'the start'} dropped: those steps run again")
     return run, ref
 
 
+def _restore_rng(run: Run, state: dict) -> None:
+    """This rank's sampling state; with another number of ranks than the run saved, fresh streams (and a note)."""
+    saved = state.get("rng_ranks") or [state["rng"]]
+    if len(saved) == run.world.size:
+        checkpoint.restore_rng(saved[run.world.rank], run.gen)
+        return
+    if run.world.main:
+        checkpoint.restore_rng(saved[0], run.gen)
+    run.log(f"note: the run was saved with {len(saved)} rank(s) and resumes with {run.world.size}: it continues "
+            "from the same weights and data position, but its samples differ from those of an uninterrupted run")
+
+
 def save_checkpoint(r: Run, tag: str = "") -> None:
-    """A complete checkpoint of the run; never one with non-finite weights (the older ones stay the last good)."""
+    """A complete checkpoint of the run; never one with non-finite weights (the older ones stay the last good).
+    Every rank calls it (their sampling states are gathered); rank 0 writes."""
     bad = [n for n, p in r.model.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
     if bad:
         raise TrainingError(f"{len(bad)} weight tensors are not finite (first: {bad[0]}) at step {r.step}: "
                             "nothing was saved; lower --learning-rate and resume from the last checkpoint")
-    state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": checkpoint.rng_state(r.gen),
+    rngs = r.world.gather(checkpoint.rng_state(r.gen))
+    if not r.world.main:
+        return
+    state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": rngs[0], "rng_ranks": rngs,
              "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:

@@ -4,6 +4,7 @@ for EWC; a tagged checkpoint). The Fisher and EWC math itself is in curriculum.p
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -15,6 +16,19 @@ from .config import Stage
 from .rollout import encode_prompts
 from .runstate import Run, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
+
+
+def evaluate_all(r: Run, examples: list[tasks.Example], path: Path | None, log=None) -> list[dict]:
+    """Greedy evaluation, each rank on its share of the problems; the records gathered in the problems' order and
+    written by rank 0 (with the forgetting matrix) when a path is given."""
+    mine = examples[r.world.rank::r.world.size]
+    records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction, r.sampling(greedy=True),
+                                                   log=log or r.log))
+    if path is not None and r.world.main:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join(json.dumps(x) + "\n" for x in records))
+        curriculum.write_forgetting(r.dir, r.cfg)
+    return records
 
 
 def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
@@ -36,41 +50,40 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     """Validation accuracy when a promotion check is due (else None)."""
     if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
         return None
-    records = evaluate.run_eval(r.sampler, r.tok, val, r.cfg, None, r.stops, log=lambda *a: None)
+    records = evaluate_all(r, val, None, log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 
 
 def estimate_fisher(r: Run, data: list[tasks.Example], order: list[int]) -> dict[str, torch.Tensor]:
-    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of the stage."""
+    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of the stage (each
+    rank samples its share; the sums of squared gradients are added up over the ranks)."""
     cfg, n = r.cfg, r.cfg.fisher_samples
-    batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)]
+    batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.question for ex in batch], cfg.instruction)
-    completions = r.sampler.generate(prompts, 1, cfg.max_new_tokens, r.stops, r.tok.pad_token_id, cfg.temperature,
-                                     cfg.top_k, cfg.top_p, r.gen)
+    completions = r.sampler.generate(prompts, 1, r.sampling(), r.gen)
 
     def seq_logprob(i: int) -> torch.Tensor:
         logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
                                     r.autocast, cfg.gradient_checkpointing)
         return (logp * mask).sum()
 
-    return curriculum.fisher_diagonal(r.model, seq_logprob, n)
+    return curriculum.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
 
 
 def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, order, promoted_at) -> None:
     """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint."""
     cfg, t0 = r.cfg, time.time()
-    if stage_finished(r.dir, k, r.step):  # resumed from this stage's own end checkpoint
+    if r.world.broadcast(stage_finished(r.dir, k, r.step)):  # resumed from this stage's own end checkpoint
         return
     record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
               "validation_accuracy": promoted_at}
     path = stage_eval_path(r.dir, k, stage.name)
     if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
-        write_status(r.dir, state="evaluating", stage=stage.name)
+        if r.world.main:
+            write_status(r.dir, state="evaluating", stage=stage.name)
         r.log(f"stage '{stage.name}' done: evaluating {len(eval_set)} held-out problems ...")
-        path.parent.mkdir(exist_ok=True)
-        evaluate.run_eval(r.sampler, r.tok, eval_set, cfg, path, r.stops, r.log)
-        curriculum.write_forgetting(r.dir, cfg)
+        evaluate_all(r, eval_set, path)
     record["eval_seconds"] = round(time.time() - t0, 1)
     if cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages:
         t1 = time.time()
@@ -79,7 +92,8 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
         r.log(f"Fisher diagonal of stage '{stage.name}' from {cfg.fisher_samples} samples in "
               f"{record['fisher_seconds']:.0f}s")
     save_checkpoint(r, tag=stage.name)
-    append_jsonl(r.dir / "stages.jsonl", record)
+    if r.world.main:
+        append_jsonl(r.dir / "stages.jsonl", record)
 
 
 def stage_finished(run_dir: Path, k: int, step: int, promoted_only: bool = False) -> bool:

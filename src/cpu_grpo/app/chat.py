@@ -22,7 +22,7 @@ def _get(spec: str) -> tuple:
     import torch
 
     from ..models import load_model
-    from ..rollout import Sampler, eos_ids
+    from ..rollout import Sampler, stop_ids
 
     if spec in _models:
         _models[spec] = _models.pop(spec)  # most recently used goes last
@@ -30,7 +30,7 @@ def _get(spec: str) -> tuple:
     model, tok = load_model(spec, log=lambda *a: None)
     model.eval()
     sampler = Sampler(model, dtype=torch.bfloat16 if _bf16_supported() else torch.float32)
-    _models[spec] = (model, tok, sampler, eos_ids(tok, model))
+    _models[spec] = (model, tok, sampler, stop_ids(tok, model))
     while len(_models) > KEEP:
         _models.pop(next(iter(_models)))
     return _models[spec]
@@ -38,7 +38,7 @@ def _get(spec: str) -> tuple:
 
 def answer(spec: str, question: str, instruction: str = "", max_new_tokens: int = 256) -> str:
     """The model's greedy answer to one question, in the chat format training uses."""
-    from ..rollout import encode_prompts
+    from ..rollout import Sampling, encode_prompts
 
     spec, question = (spec or "").strip(), (question or "").strip()
     if not spec or not question:
@@ -49,5 +49,5 @@ def answer(spec: str, question: str, instruction: str = "", max_new_tokens: int 
         except (OSError, ValueError) as e:
             return f"Cannot load {spec}: {e}"
         prompts = encode_prompts(tok, [question], instruction)
-        out = sampler.generate(prompts, 1, int(max_new_tokens), stops, tok.pad_token_id, temperature=0.0)
+        out = sampler.generate(prompts, 1, Sampling(int(max_new_tokens), stops, tok.pad_token_id, temperature=0.0))
     return tok.decode(out[0], skip_special_tokens=True)

@@ -120,36 +120,42 @@ def on_run_change(root: Path, name: str | None):
 
 
 def _command(policy: Policy, knob_names: list[str], values: list):
-    """(run dir, command, resume, error) from the Train tab's fields; paths and code as the policy allows."""
+    """(run dir, command, resume, error, config fields) from the Train tab's fields; paths and code as the policy
+    allows."""
     model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
     profile = profile or ""
     name = (run_name or "").strip() or f"{profile or 'default'}-{time.strftime('%Y%m%d-%H%M%S')}"
     if "/" in name or name.startswith("."):
-        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.')."
+        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.').", {}
     overrides = dict(zip(knob_names, knobs, strict=True))
     if use_lora:
         overrides["use_lora"] = True
     try:
         overrides.update(runs.parse_extra(extra))
     except ValueError as e:
-        return None, None, resume, str(e)
+        return None, None, resume, str(e), {}
     error = policy.train_problem(model or "", (config_file or "").strip(), overrides) or \
         runs.check_config(profile, (config_file or "").strip(), {**overrides, "model": model})
     run = Path(policy.root) / name
     cmd = runs.build_command(run, model or "", profile, (config_file or "").strip(), overrides, bool(resume))
-    return run, cmd, bool(resume), error
+    return run, cmd, bool(resume), error, {**overrides, **({"model": model} if model else {})}
 
 
 def preview(policy: Policy, knob_names: list[str], *values):
-    run, cmd, _, error = _command(policy, knob_names, list(values))
+    """The command Start runs, and the planner's forecast of its time and memory on this machine."""
+    run, cmd, _, error, fields = _command(policy, knob_names, list(values))
     text = runs.preview(cmd) if cmd else ""
-    return text, f"⚠️ {error}" if error else "This is the command that Start runs."
+    if error:
+        return text, f"⚠️ {error}"
+    profile, config_file = values[1] or "", (values[2] or "").strip()
+    forecast = runs.plan_text(profile, config_file, fields)
+    return text, f"This is the command that Start runs.\n\n```\n{forecast}\n```"
 
 
 def start(policy: Policy, knob_names: list[str], *values):
     import gradio as gr
 
-    run, cmd, resume, error = _command(policy, knob_names, list(values))
+    run, cmd, resume, error, _ = _command(policy, knob_names, list(values))
     if error:
         return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
     pid, message = runs.start(cmd, run, resume)

@@ -1,0 +1,96 @@
+"""The planner against measurement: predicted and measured seconds per step and peak RSS over 8 configurations.
+
+    .venv/bin/python bench/planner.py            # all configurations, ~25 minutes on 2 cores; run it alone
+    .venv/bin/python bench/planner.py --only 0 3
+
+Each configuration trains for --steps steps in its own process (its peak RSS is its own) with every completion
+at the token limit (no stop token) and a pseudo-random reward (no group skipped), which is what the planner
+predicts; the last step's seconds are compared with `planner.predict` for the machine measured at the start.
+Prints one markdown table: predicted, measured, and the error of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+CONFIGS = [  # (model, LoRA, prompts, samples, new tokens)
+    ("smollm2-135m", False, 4, 4, 64),
+    ("smollm2-135m", False, 8, 8, 96),
+    ("smollm2-135m", False, 4, 8, 128),
+    ("smollm2-135m", True, 8, 8, 96),
+    ("smollm2-135m", True, 4, 4, 256),
+    ("qwen2.5-coder-0.5b", True, 2, 8, 128),
+    ("qwen2.5-coder-0.5b", True, 4, 8, 256),
+    ("qwen2.5-coder-0.5b", False, 2, 4, 64),
+]
+
+
+def varied_reward(completions, **kwargs) -> list[float]:
+    return [(zlib.crc32(str(c).encode()) % 1000) / 1000 for c in completions]
+
+
+def fields(i: int, steps: int, out: str) -> dict:
+    model, lora, b, g, t = CONFIGS[i]
+    return dict(model=model, use_lora=lora, prompts_per_step=b, num_generations=g, max_new_tokens=t, steps=steps,
+                task="basic", train_size=64, eval_size=0, save_every=0, learning_rate=1e-6, output_dir=out,
+                rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0])
+
+
+def child(i: int, steps: int) -> dict:
+    from cpu_grpo import runstate
+    from cpu_grpo.config import build
+    from cpu_grpo.tracking import read_jsonl
+    from cpu_grpo.train import train
+
+    runstate.stop_ids = lambda tok, model: ()  # no stop token: every completion has max_new_tokens
+    with tempfile.TemporaryDirectory(prefix="planner_") as tmp:
+        rows = read_jsonl(train(build(None, None, fields(i, steps, str(Path(tmp) / "run"))),
+                                log=lambda *a: print(*a, file=sys.stderr)) / "metrics.jsonl")
+    last = rows[-1]
+    return {"step": last["step_seconds"], "rollout": last["time_rollout"], "update": last["time_update"],
+            "peak_gb": max(r["peak_rss_mb"] for r in rows) / 1024}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--only", type=int, nargs="*", default=None)
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        with contextlib.redirect_stdout(sys.stderr):
+            result = child(args.child, args.steps)
+        print(json.dumps(result))
+        return
+    from transformers import AutoConfig
+
+    from cpu_grpo.config import build
+    from cpu_grpo.models import resolve_model
+    from cpu_grpo.planner import Machine, Shapes, predict
+
+    machine = Machine.measure(2.0)
+    print(f"machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, copy {machine.bandwidth_gbs:.1f} GB/s\n")
+    print("| model | training | B x G x T | predicted s/step (rollout + update) | measured | error | predicted peak "
+          "| measured | error |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for i in args.only if args.only is not None else range(len(CONFIGS)):
+        model, lora, b, g, t = CONFIGS[i]
+        cfg = build(None, None, fields(i, args.steps, "unused"))
+        p = predict(cfg, Shapes.of(AutoConfig.from_pretrained(resolve_model(model, log=lambda *a: None))), machine)
+        out = subprocess.run([sys.executable, __file__, "--child", str(i), "--steps", str(args.steps)],
+                             capture_output=True, text=True, check=True)
+        m = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {model} | {'LoRA' if lora else 'full'} | {b}x{g}x{t} | {p.step_s:.1f} ({p.rollout_s:.1f} + "
+              f"{p.update_s:.1f}) | {m['step']:.1f} ({m['rollout']:.1f} + {m['update']:.1f}) | "
+              f"{p.step_s / m['step'] - 1:+.0%} | {p.peak_gb:.2f} GB | {m['peak_gb']:.2f} GB | "
+              f"{p.peak_gb / m['peak_gb'] - 1:+.0%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`cpu-grpo doctor`: what this machine brings to a run, measured where it matters.
+
+The CPU and the flags that decide bf16 speed (AVX-512 BF16, AMX), physical cores, memory, torch and its threads,
+bf16 and fp32 matmul speed measured for a moment, the model cache, and the optional extras installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import time
+from pathlib import Path
+
+FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16"}
+EXTRAS = {"gradio": "app", "math_verify": "eval", "matplotlib": "eval", "tensorboard": "track", "trackio": "track",
+          "wandb": "track"}  # optional module: the extra that installs it
+
+
+def cpu() -> tuple[str, set[str]]:
+    """The CPU's name and its flags (Linux: /proc/cpuinfo; elsewhere the platform's name and no flags)."""
+    info = Path("/proc/cpuinfo")
+    if not info.exists():
+        return platform.processor() or platform.machine(), set()
+    name, flags = "", set()
+    for line in info.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not name:
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return name or platform.machine(), flags
+
+
+def matmul_gflops(dtype, seconds: float, n: int = 1024) -> float:
+    """GFLOP/s of n x n x n matmuls repeated for about `seconds` (best of the repetitions)."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def facts(seconds: float = 2.0) -> dict:
+    """Everything doctor reports, as a dict (`--json` prints it)."""
+    import psutil
+    import torch
+
+    from .models import ALIASES, cache_dir, set_threads
+    from .runstate import bf16_supported
+
+    name, flags = cpu()
+    threads = set_threads()
+    mem = psutil.virtual_memory()
+    cached = {alias: str(p) for alias, a in ALIASES.items() if a.file and (p := cache_dir() / "gguf" / a.file).exists()}
+    return {
+        "cpu": name, "flags": {label: flag in flags for flag, label in FLAGS.items()},
+        "physical_cores": psutil.cpu_count(logical=False), "logical_cpus": os.cpu_count(),
+        "memory_gb": round(mem.total / 2**30, 1), "memory_available_gb": round(mem.available / 2**30, 1),
+        "python": platform.python_version(), "torch": torch.__version__, "torch_threads": threads,
+        "bf16_kernels": bf16_supported(),
+        "matmul_gflops": {"bf16": round(matmul_gflops(torch.bfloat16, seconds / 2)),
+                          "fp32": round(matmul_gflops(torch.float32, seconds / 2))},
+        "model_cache": str(cache_dir()), "models_cached": cached,
+        "extras": {module: _version(module) for module in EXTRAS},
+    }
+
+
+def _version(module: str) -> str | None:
+    if importlib.util.find_spec(module) is None:
+        return None
+    try:
+        return importlib.metadata.version(module.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        return "installed"
+
+
+def advice(f: dict) -> list[str]:
+    """What the facts mean for a run, one sentence each."""
+    out = []
+    ratio = f["matmul_gflops"]["bf16"] / max(1, f["matmul_gflops"]["fp32"])
+    if f["bf16_kernels"] and ratio > 1.5:
+        out.append(f"bf16 matmuls run {ratio:.1f}x faster than fp32 here: keep --bf16 true (the default).")
+    else:
+        out.append(f"bf16 matmuls are not faster than fp32 here ({ratio:.1f}x): --bf16 false may be faster.")
+    if f["memory_available_gb"] < 8:
+        out.append(f"{f['memory_available_gb']} GB of memory is free: the 0.5B default profile peaks near 7 GB; "
+                   "the demo (SmolLM2-135M) near 6 GB.")
+    if f["physical_cores"] and f["physical_cores"] < (f["logical_cpus"] or 0):
+        out.append(f"{f['logical_cpus']} logical CPUs on {f['physical_cores']} cores: cpu-grpo uses one thread per "
+                   "core (hyper-threads slow matmuls down).")
+    if os.getloadavg()[0] > 0.5:
+        out.append(f"the CPU is busy now (load {os.getloadavg()[0]:.1f}): measurements and runs will be slower.")
+    missing = sorted({extra for module, extra in EXTRAS.items() if f["extras"][module] is None})
+    if missing:
+        out.append(f"optional parts not installed: pip install 'cpu-grpo[{','.join(missing)}]' (app: the web page; "
+                   "eval: math-verify scoring and plots; track: report_to trackers).")
+    return out
+
+
+def render(f: dict) -> str:
+    flags = ", ".join(f"{label} {'yes' if ok else 'no'}" for label, ok in f["flags"].items())
+    models = ", ".join(f["models_cached"]) or "none yet (the first run fetches its model)"
+    extras = ", ".join(f"{m} {v}" for m, v in f["extras"].items() if v) or "none"
+    lines = [
+        f"cpu         {f['cpu']}",
+        f"flags       {flags}",
+        f"cores       {f['physical_cores']} physical, {f['logical_cpus']} logical; torch uses {f['torch_threads']} "
+        "threads",
+        f"memory      {f['memory_gb']} GB, {f['memory_available_gb']} GB available",
+        f"software    python {f['python']}, torch {f['torch']}, bf16 kernels {'yes' if f['bf16_kernels'] else 'no'}",
+        f"matmul      bf16 {f['matmul_gflops']['bf16']} GFLOP/s, fp32 {f['matmul_gflops']['fp32']} GFLOP/s "
+        "(1024^3, best over a second each)",
+        f"models      {f['model_cache']}: {models}",
+        f"extras      {extras}",
+        "",
+        *[f"- {line}" for line in advice(f)],
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,188 @@
+"""`cpu-grpo plan`: seconds per step, peak memory and wall time of a run, predicted before it starts.
+
+From the model's shapes (its config.json alone, no weights), the run's config and this machine's measured speed
+(a bf16 matmul and a memory copy, about a second each). What a step costs, with every completion at the token
+limit (the worst case; `--completion-len` for another assumption):
+
+- rollout: one prefill of each prompt, then one decode step per new token; a decode step reads every weight
+  once (bytes / bandwidth) or multiplies them by the live rows (2 * params * rows FLOPs), whichever is slower,
+  plus a fixed cost per layer (Python and small kernels);
+- update: forward and backward of every sequence (6 * params * tokens FLOPs; 4 with LoRA, which computes no
+  weight gradient for the frozen base), prompts run once per group, plus the optimizer's pass over the
+  trainable weights;
+- memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
+  with LoRA), the sampler's bf16 copy and KV cache, the activations the backward keeps (batching.py), and the
+  process itself.
+The constants (`EFFICIENCY`) come from calibration runs on the build machine (bench/planner.py, bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .config import TrainConfig, plan
+
+# fractions of the measured peak that each phase reaches, and fixed costs; fitted in bench/planner.py
+EFFICIENCY = {
+    "decode_flops": 0.35,  # decode matmuls are small (rows x hidden): a third of the square-matmul peak
+    "decode_bytes": 0.6,  # weights read once a step: most of the copy bandwidth
+    "layer_overhead_s": 2.5e-4,  # per layer and decode step: Python, norms, attention over the cache
+    "train_flops": 0.45,  # forward and backward under bf16 autocast
+    "process_gb": 0.9,  # torch, transformers and the tokenizer, before any weight
+}
+PROMPT_TOKENS = 80  # a chat-formatted question with the instruction, typical of the built-in tasks
+
+
+@dataclass
+class Machine:
+    bf16_gflops: float
+    bandwidth_gbs: float
+
+    @classmethod
+    def measure(cls, seconds: float = 1.0) -> Machine:
+        import torch
+
+        from .doctor import matmul_gflops
+
+        x = torch.empty(64 * 2**20, dtype=torch.uint8)  # 64 MB, beyond the caches
+        y = torch.empty_like(x)
+        best, end = float("inf"), time.perf_counter() + seconds / 2
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            y.copy_(x)
+            best = min(best, time.perf_counter() - t0)
+        return cls(matmul_gflops(torch.bfloat16, seconds / 2), 2 * x.numel() / best / 1e9)  # read + write
+
+
+@dataclass
+class Shapes:
+    """What the cost model needs of a model: parameter counts and the sizes of its layers."""
+
+    params: int  # every weight, embeddings included
+    matmul_params: int  # weights a token multiplies by: every linear, and the lm_head (tied or not)
+    lora_params: int  # adapters of rank 16 on every linear
+    layers: int
+    hidden: int
+    vocab: int
+    config: object
+
+    @classmethod
+    def of(cls, config, lora_r: int = 16) -> Shapes:
+        c = config
+        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        h, q, kv, f = c.hidden_size, c.num_attention_heads * d, c.num_key_value_heads * d, c.intermediate_size
+        linears = [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]  # (in, out) per layer
+        per_layer = sum(i * o for i, o in linears)
+        embed = c.vocab_size * h
+        tied = getattr(c, "tie_word_embeddings", False)
+        return cls(params=c.num_hidden_layers * (per_layer + 2 * h) + embed * (1 if tied else 2) + h,
+                   matmul_params=c.num_hidden_layers * per_layer + embed,
+                   lora_params=c.num_hidden_layers * sum(lora_r * (i + o) for i, o in linears),
+                   layers=c.num_hidden_layers, hidden=h, vocab=c.vocab_size, config=c)
+
+
+@dataclass
+class Prediction:
+    rollout_s: float
+    update_s: float
+    peak_gb: float
+    steps: int
+    eval_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.rollout_s + self.update_s
+
+    @property
+    def wall_s(self) -> float:
+        return self.steps * self.step_s + self.eval_s
+
+
+def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: int | None = None,
+            prompt_len: int = PROMPT_TOKENS) -> Prediction:
+    """Seconds per step (rollout, update), peak RSS and the whole run's wall time for `cfg` on `machine`."""
+    e = EFFICIENCY
+    t = completion_len or cfg.max_new_tokens
+    rows = cfg.prompts_per_step * cfg.num_generations
+    flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
+    weight_bytes = 2 * shapes.matmul_params  # the sampler's bf16 weights
+    decode = max(weight_bytes / (bw * e["decode_bytes"]), 2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
+    prefill = 2 * shapes.matmul_params * prompt_len * cfg.prompts_per_step / (flops * e["train_flops"])
+    rollout = prefill + t * (decode + shapes.layers * e["layer_overhead_s"])
+    tokens = rows * t + cfg.prompts_per_step * prompt_len
+    per_token = 4 if cfg.use_lora else 6
+    trainable = shapes.lora_params if cfg.use_lora else shapes.params
+    update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * e["train_flops"]) \
+        + 16 * trainable / bw  # AdamW reads and writes weights, gradients and two moments (fp32)
+    return Prediction(rollout, update, peak_gb(cfg, shapes, t, prompt_len), cfg.total_steps,
+                      eval_seconds(cfg, shapes, machine, prompt_len))
+
+
+def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
+    """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
+    from .batching import activation_bytes
+
+    p, c = shapes.params, shapes.config
+    if cfg.use_lora:
+        weights = 2 * p + 16 * shapes.lora_params  # bf16 base (the sampler's too); fp32 adapters, grads, AdamW
+    else:
+        weights = 16 * p + 2 * p  # fp32 masters, gradients, AdamW moments; the sampler's bf16 copy
+    if cfg.beta > 0:
+        weights += 4 * p  # the frozen reference
+    rows = cfg.prompts_per_step * cfg.num_generations
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_cache = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d * (rows * completion_len
+                                                                            + cfg.prompts_per_step * prompt_len)
+    micro = cfg.micro_batch_size or min(rows, cfg.num_generations * max(1, cfg.prompts_per_step))
+    activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, max(1, micro //
+                                                                                        cfg.num_generations)))
+    logits = 4 * shapes.vocab * 1024 * 2  # a chunk of fp32 logits and its softmax
+    return (EFFICIENCY["process_gb"] * 2**30 + weights + max(kv_cache, activations + logits)) / 2**30
+
+
+def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
+    """The greedy evaluations: batches of 64 problems, every completion at eval_max_new_tokens (an upper bound)."""
+    if cfg.eval_size == 0:
+        return 0.0
+    e = EFFICIENCY
+    flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
+    levels = len({s.task for s in plan(cfg)} | {t for t in cfg.eval_task.split(",") if t})
+    problems = cfg.eval_size * levels
+    evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
+    batches = -(-problems // 64)
+    decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
+                 2 * shapes.matmul_params * min(64, problems) / (flops * e["decode_flops"]))
+    return evaluations * batches * cfg.eval_max_new_tokens * (decode + shapes.layers * e["layer_overhead_s"])
+
+
+def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
+    h = pred.wall_s / 3600
+    return "\n".join([
+        f"plan for {model}: {cfg.prompts_per_step} prompts x {cfg.num_generations} samples x "
+        f"{cfg.max_new_tokens} tokens, {'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
+        f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
+        f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
+        "every completion at the token limit; shorter completions are faster",
+        f"  peak memory {pred.peak_gb:.1f} GB",
+        f"  evaluation  {pred.eval_s / 60:.0f} min",
+        f"  the run     {pred.wall_s / 60:.0f} min ({h:.1f} h)",
+    ])
+
+
+def fit_budget(cfg: TrainConfig, shapes: Shapes, machine: Machine, seconds: float | None,
+               memory_gb: float | None) -> list[tuple[dict, Prediction]]:
+    """Settings that fit a wall-time and/or memory budget: the candidates nearest the config first."""
+    import itertools
+
+    out = []
+    for b, g, t, lora in itertools.product((2, 4, 8, 16), (4, 8, 16), (96, 128, 256, 512), (False, True)):
+        changes = {"prompts_per_step": b, "num_generations": g, "max_new_tokens": t, "use_lora": lora}
+        trial = TrainConfig(**{**cfg.to_dict(), **changes})
+        p = predict(trial, shapes, machine)
+        if (seconds is None or p.wall_s <= seconds) and (memory_gb is None or p.peak_gb <= memory_gb):
+            distance = sum(abs(getattr(trial, k) - getattr(cfg, k)) / max(1, getattr(cfg, k))
+                           for k in ("prompts_per_step", "num_generations", "max_new_tokens")) + \
+                (trial.use_lora != cfg.use_lora)
+            out.append((distance, changes, p))
+    return [(c, p) for _, c, p in sorted(out, key=lambda x: x[0])]

@@ -1,0 +1,303 @@
+"""One GRPO step, readable top to bottom: sample, reward, advantage, update, record.
+
+How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
+1. Rollouts come from a bf16 copy of the policy with a hand-written KV-cache decoder (rollout.py),
+   refreshed from the fp32 master weights after every optimizer step.
+2. The default aggregation is `dapo` (token mean over the batch), as in TRL; `grpo` and `dr_grpo` are there.
+3. With beta = 0 and one update per rollout, sequences whose advantage is 0 (groups whose rewards are all
+   equal) are left out of the update: their gradient is exactly 0, so skipping them changes nothing but time.
+4. Log-probs come from the hidden states and a chunked logsumexp, never a (N, T, V) fp32 log-softmax.
+5. A completion cut at max_new_tokens scores 0 from every reward function (TRL scores it like any other, or
+   masks it out of the loss): an answer that never ends is no answer, and scoring it taught a model to write
+   its answer and then pad to the limit.
+6. Under torchrun, each rank samples its share of the step's groups and trains on them; the rest of the step
+   sees the whole batch, gathered (distributed.py says how). Every decision that ends a loop (a stop request, a
+   stage already done) is agreed by all ranks, so that they always meet in the same collectives.
+The run around the step (stages, evaluations, resume, stop, report) is train.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import rewards, tasks
+from .batching import auto_micro_rows, group_logprobs, micro_batches
+from .config import TrainConfig
+from .grpo import group_advantages, grpo_loss
+from .rollout import encode_prompts
+from .runstate import Run, TrainingError
+from .tracking import append_jsonl, peak_rss_mb
+
+BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
+COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning
+
+
+@dataclass
+class StopFlag:
+    """Set by SIGINT/SIGTERM: the loop finishes the step at hand, saves a complete checkpoint, and exits."""
+
+    requested: bool = False
+    presses: int = 0
+    log: object = field(default=print, repr=False)
+
+    def __call__(self, signum, frame):
+        self.presses += 1
+        if self.presses > 1:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log("stop requested: finishing this step and saving a checkpoint (Ctrl-C again to abort without saving)")
+
+
+@dataclass
+class Rollout:
+    """One step's samples: B problems, their prompts and G completions each, group-major (row i*G+j)."""
+
+    batch: list[tasks.Example]
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    texts: list[str]
+    truncated: list[bool]  # cut at max_new_tokens before the model ended it
+
+
+@dataclass
+class Update:
+    """What one update did: loss sums over micro-batches, gradient norm, micro-batch size, groups trained."""
+
+    sums: dict
+    grad_norm: float
+    micro_batch: int
+    groups: list[int]
+
+
+def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
+    """G completions for each problem of the batch, from the bf16 sampler (seeded by the run's generator)."""
+    cfg, tok = r.cfg, r.tok
+    prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
+    completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(), r.gen)
+    r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
+    truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
+    return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
+
+
+def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    """Every reward function on the completions: the weighted total (N,) and each function's values.
+
+    A completion cut at the length limit gets 0 from every function unless `score_truncated`: otherwise a model
+    can write its answer and then anything until the limit (`#### 70` and bare `####` lines) and be paid for it.
+    """
+    g, batch = cfg.num_generations, rollout.batch
+    columns = {"answer": [ex.answer for ex in batch for _ in range(g)],
+               "difficulty": [ex.difficulty for ex in batch for _ in range(g)],
+               "question": [ex.question for ex in batch for _ in range(g)],
+               "prompts": [ex.question for ex in batch for _ in range(g)]}
+    per_fn = {}
+    for fn in reward_fns:
+        values = rewards.as_scores(fn.__name__, fn(completions=rollout.texts, **columns), len(rollout.texts))
+        per_fn[fn.__name__] = [0.0 if cut and not cfg.score_truncated else v
+                               for v, cut in zip(values, rollout.truncated, strict=True)]
+    total = torch.zeros(len(rollout.texts))
+    for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
+        total += w * torch.tensor(values).nan_to_num(0.0)
+    return total, per_fn
+
+
+def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
+    """The policy-gradient update on the groups that teach something, in micro-batches; after running out of
+    memory before its first optimizer step, again at half the micro-batch (kept for the rest of the run)."""
+    cfg, g, world = r.cfg, r.cfg.num_generations, r.world
+    skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
+    groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
+              if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
+    trained = sorted(x for part in world.gather(groups) for x in part)  # every rank's
+    lengths = [len(c) for c in rollout.completions]
+    mb = cfg.micro_batch_size or auto_micro_rows(r.model, max(len(p) for p in rollout.prompts), max(lengths), g)
+    mb = min(mb, r.micro_cap or mb)
+    while True:
+        stepped: list[bool] = []
+        try:
+            sums, grad_norm = _update(r, ref, rollout, groups, bool(trained), adv, mb, stepped)
+            break
+        except (RuntimeError, MemoryError) as e:
+            if stepped or mb <= 1 or not _out_of_memory(e):
+                raise
+        r.opt.zero_grad(set_to_none=True)
+        r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
+              f"with {mb // 2}")
+        mb = r.micro_cap = mb // 2
+    _count_non_finite(r, grad_norm, sums["loss"], r.log)
+    r.sched.step()
+    r.sampler.refresh()
+    return Update(sums, grad_norm, mb, trained)
+
+
+def grpo_step(r: Run, ref, reward_fns, batch: list[tasks.Example], stop: StopFlag) -> tuple | None:
+    """One GRPO step: sample, score, advantage, update. Returns (record, rollout, total, per_fn, adv), or None when
+    a stop was requested during sampling (the rollout is discarded: the last complete step is what gets saved)."""
+    cfg, t0, comm = r.cfg, time.time(), r.world.comm_seconds
+    # ---------------------------------------------------------------- sample (this rank's share of the groups)
+    rollout = sample(r, batch[r.world.rank::r.world.size])
+    t1 = time.time()
+    if stop_agreed(r, stop):
+        return None
+    # ---------------------------------------------------------------- reward and advantage (the whole batch)
+    rollout, total, per_fn = _gathered(r, rollout, *score(cfg, reward_fns, rollout))
+    adv, adv_stats = group_advantages(total, cfg.num_generations, cfg.scale_rewards)
+    _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], r.log)
+    t2 = time.time()
+    # ---------------------------------------------------------------- update
+    upd = update(r, ref, rollout, adv)
+    r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
+    record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, t1, t2, time.time()))
+    if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
+        record["time_comm"] = r.world.comm_seconds - comm
+    return record, rollout, total, per_fn, adv
+
+
+def stop_agreed(r: Run, stop: StopFlag) -> bool:
+    """Whether any rank was asked to stop (then every rank stops here, at the same point)."""
+    stop.requested = r.world.any(stop.requested)
+    return stop.requested
+
+
+def _gathered(r: Run, rollout: Rollout, total: torch.Tensor, per_fn: dict) -> tuple[Rollout, torch.Tensor, dict]:
+    """Every rank's groups back in the step's prompt order (one process: as they are)."""
+    if r.world.size == 1:
+        return rollout, total, per_fn
+    g = r.cfg.num_generations
+    mine = [(ex, p, rollout.completions[i * g:(i + 1) * g], rollout.texts[i * g:(i + 1) * g],
+             rollout.truncated[i * g:(i + 1) * g], total[i * g:(i + 1) * g].tolist(),
+             {k: v[i * g:(i + 1) * g] for k, v in per_fn.items()})
+            for i, (ex, p) in enumerate(zip(rollout.batch, rollout.prompts, strict=True))]
+    whole = r.world.interleave(mine)
+
+    def flat(j: int) -> list:
+        return [x for group in whole for x in group[j]]
+
+    return (Rollout([x[0] for x in whole], [x[1] for x in whole], flat(2), flat(3), flat(4)), torch.tensor(flat(5)),
+            {k: [x for group in whole for x in group[6][k]] for k in per_fn})
+
+
+def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update, times) -> dict:
+    """The step's line of metrics.jsonl (TRL's names for the trackers are in trackers.TRL_NAMES)."""
+    cfg, g, (t0, t1, t2, t3) = r.cfg, r.cfg.num_generations, times
+    n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
+    trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
+                  for i in upd.groups)
+    answers = [ex.answer for ex in rollout.batch for _ in range(g)]
+    return {
+        "step": r.step, "stage_step": r.stage_step, "loss": upd.sums["loss"], "reward": total.mean().item(),
+        **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
+        "accuracy": sum(rewards.correctness_reward(rollout.texts, answers)) / n,
+        "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
+        "ewc_penalty": upd.sums["ewc_penalty"], "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
+        "completion_len": c_tokens / n, "truncated_frac": sum(rollout.truncated) / n, **adv_stats,
+        "frac_skipped": 1 - len(upd.groups) / len(rollout.batch), "grad_norm": upd.grad_norm,
+        "lr": r.sched.get_last_lr()[0], "micro_batch_size": upd.micro_batch,
+        "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
+        "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
+        "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
+        "peak_rss_mb": peak_rss_mb(), "data_pos": r.data_pos,
+    }
+
+
+def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
+            stepped: list) -> tuple[dict, float]:
+    """Old/reference log-probs when needed, then num_iterations optimizer steps over micro-batches of `mb`
+    sequences of this rank's `groups` (appending to `stepped` at each); the gradients are summed over the ranks
+    when any rank trained a group. Returns loss statistics (summed over the ranks) and the gradient norm."""
+    cfg, model, g, pad = r.cfg, r.model, r.cfg.num_generations, r.tok.pad_token_id
+    prompts, completions = rollout.prompts, rollout.completions
+    lengths = [len(c) for c in completions]
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": cfg.max_new_tokens}
+    fixed = {}  # old and reference log-probs, computed once before the updates
+    if cfg.num_iterations > 1 or ref is not None:
+        with torch.no_grad():
+            for part, samples in micro_batches(groups, g, mb, lengths):
+                if cfg.num_iterations > 1:
+                    fixed[part, samples, "old"] = group_logprobs(
+                        model, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
+                if ref is not None:
+                    fixed[part, samples, "ref"] = group_logprobs(
+                        ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
+    sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0}
+    grad_norm = torch.tensor(0.0)
+    for _ in range(cfg.num_iterations):
+        r.opt.zero_grad(set_to_none=True)
+        for part, samples in micro_batches(groups, g, mb, lengths):
+            logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
+                                        r.autocast, cfg.gradient_checkpointing, samples)
+            rows = [i * g + j for i in part for j in samples]
+            loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
+                                 fixed.get((part, samples, "ref")), adv[rows], mask, norm,
+                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
+            loss.backward()
+            sums["loss"] += loss.item() / cfg.num_iterations
+            for key, v in st.items():
+                sums[key] += v / cfg.num_iterations
+        if any_rank:
+            r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
+        # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum
+        sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda) / cfg.num_iterations
+        if any_rank or r.ewc.fisher and cfg.ewc_lambda:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+            if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
+                r.opt.zero_grad(set_to_none=True)
+                break
+            r.opt.step()
+            stepped.append(True)
+    summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
+    return {**sums, **dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))}, float(grad_norm)
+
+
+def _count_non_finite(r: Run, grad_norm: float, loss: float, log) -> None:
+    """A non-finite gradient skipped the update (the weights are as they were): say so, and stop the run after
+    BAD_STEPS such steps in a row."""
+    if math.isfinite(grad_norm):
+        r.bad_steps = 0
+        return
+    r.bad_steps += 1
+    log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
+    if r.bad_steps >= BAD_STEPS:
+        raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, check "
+                            f"--temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold the last "
+                            "finite weights")
+
+
+def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
+    """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
+    for COLLAPSE_STEPS steps in a row (the update has nothing to push towards)."""
+    if all(math.isnan(v) for values in per_fn.values() for v in values):
+        log(f"warning: step {r.step + 1}: every reward function returned None or nan for every completion, so "
+            "nothing is learned: check the reward functions")
+    r.all_equal_steps = r.all_equal_steps + 1 if frac_zero_std == 1 else 0
+    if r.all_equal_steps == COLLAPSE_STEPS:
+        log(f"warning: for {COLLAPSE_STEPS} steps every group's rewards were all equal, so nothing is learned: "
+            "an easier task, a higher temperature or a reward with partial credit gives the groups a signal "
+            "(read groups.jsonl)")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return (isinstance(e, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+            or "out of memory" in str(e).lower())
+
+
+def log_groups(r: Run, stage: str, rollout: Rollout, per_fn: dict, total, adv, tracker) -> None:
+    """Every group of the step, for inspection: prompt, G completions, rewards per function, advantages; and every
+    `log_completions_every` steps a table of them for the report_to trackers."""
+    g = r.cfg.num_generations
+    for i, ex in enumerate(rollout.batch):
+        sl = slice(i * g, (i + 1) * g)
+        append_jsonl(r.dir / "groups.jsonl", {
+            "step": r.step, "group": i, "stage": stage, "question": ex.question, "answer": ex.answer,
+            "difficulty": ex.difficulty, "completions": rollout.texts[sl],
+            "rewards": {k: v[sl] for k, v in per_fn.items()}, "total": total[sl].tolist(),
+            "advantages": [round(a, 4) for a in adv[sl].tolist()], "zero_std": float(total[sl].std()) < 1e-6,
+        })
+    if r.cfg.log_completions_every and r.step % r.cfg.log_completions_every == 0:
+        tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
+                      [[rollout.batch[i // g].question, t, rollout.batch[i // g].answer, float(total[i]),
+                        float(adv[i])] for i, t in enumerate(rollout.texts)], r.step)

@@ -1,0 +1,131 @@
+"""Data-parallel GRPO with real processes: torchrun, gloo over 127.0.0.1, the tiny model.
+
+- two ranks with half the prompts each compute the gradient one process computes with all of them;
+- after a 2-rank run every rank holds the same weights, metrics.jsonl has one line a step, and a resume from a
+  checkpoint continues exactly as the uninterrupted run did;
+- a rank killed mid-run, or failing on bad input, stops the others with a message naming it, and the run
+  resumes from its last complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpu_grpo.tracking import read_jsonl
+
+pytestmark = pytest.mark.slow  # each test starts torchrun and its ranks
+
+WORKER = str(Path(__file__).with_name("dist_worker.py"))
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 240, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def alone(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p
+
+
+def test_two_ranks_compute_the_gradient_of_one_process(tiny_model, tmp_path):
+    ok(alone("grads", tiny_model, str(tmp_path)))
+    ok(torchrun("grads", tiny_model, str(tmp_path)))
+    for loss_type in ("grpo", "dapo", "dr_grpo"):
+        one = torch.load(tmp_path / f"grads-{loss_type}-1.pt")
+        two = torch.load(tmp_path / f"grads-{loss_type}-2.pt")
+        assert one["groups"] == two["groups"] == [0, 2, 3, 4, 5]  # group 1 is all-equal: skipped
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+        scale = max(g.abs().max().item() for g in one["grads"].values())
+        assert scale > 0
+        for name, g in one["grads"].items():  # fp32; the sum of two ranks' parts in another order
+            torch.testing.assert_close(two["grads"][name], g, atol=1e-6 * scale, rtol=1e-5, msg=name)
+
+
+def fields(model: str, out: Path, reward: Path, **kw) -> str:
+    values = dict(model=model, output_dir=str(out), steps=4, prompts_per_step=4, num_generations=4,
+                  max_new_tokens=12, eval_size=4, eval_max_new_tokens=8, save_every=2, ddp_timeout=60,
+                  rewards=[f"{reward}:length_reward"], reward_weights=[1.0], learning_rate=1e-3, train_size=50,
+                  score_truncated=True)
+    return json.dumps({**values, **kw})
+
+
+def test_two_ranks_train_the_same_weights_and_resume_exactly(tiny_model, tmp_path, reward_file):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole.mkdir(), part.mkdir()
+    ok(torchrun("train", str(whole), fields(tiny_model, whole, reward_file)))
+    digests = {(whole / f"digest-{r}-of-2").read_text() for r in (0, 1)}
+    assert len(digests) == 1  # the same weights on both ranks, bit for bit
+    metrics = read_jsonl(whole / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    groups = read_jsonl(whole / "groups.jsonl")
+    assert len(groups) == 4 * 4 and {g["group"] for g in groups} == {0, 1, 2, 3}  # both ranks' groups, by rank 0
+    assert len(read_jsonl(whole / "eval_after.jsonl")) == 4  # sharded evaluation, gathered
+    assert not (whole / "digest-0-of-1").exists()
+
+    ok(torchrun("train", str(part), fields(tiny_model, part, reward_file, steps=2)))  # stops at step 2 ...
+    ok(torchrun("train", str(part), fields(tiny_model, part, reward_file, resume=True)))  # ... and goes on
+    resumed = read_jsonl(part / "metrics.jsonl")
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    for a, b in zip(metrics, resumed, strict=True):
+        assert (a["loss"], a["reward"], a["completion_len"]) == (b["loss"], b["reward"], b["completion_len"])
+    assert (part / "digest-0-of-2").read_text() == digests.pop()
+
+
+def test_a_killed_rank_stops_the_others_with_its_name_and_the_run_resumes(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", WORKER, "train",
+           str(out), fields(tiny_model, out, reward_file, steps=200, save_every=1, eval_size=0)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while len(read_jsonl(out / "metrics.jsonl")) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.kill(int((out / "pid-1").read_text()), signal.SIGKILL)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and time.time() - t0 < 60
+    assert "rank 1" in err and "stopped answering" in err, err[-3000:]
+    done = len(read_jsonl(out / "metrics.jsonl"))
+    # one process goes on from the last complete checkpoint, with a note that its samples differ
+    p = ok(alone("train", str(out), fields(tiny_model, out, reward_file, steps=done + 2, save_every=1, eval_size=0,
+                                          resume=True)))
+    assert "resumes with 1" in p.stdout
+    assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == done + 2
+
+
+FAILING_ON_RANK_1 = '''
+import os
+
+def length_reward(completions, **kwargs):
+    if os.environ.get("RANK") == "1":
+        raise ValueError("this reward cannot read its data file on rank 1")
+    return [len(c) / 10 for c in completions]
+'''
+
+
+def test_bad_input_on_one_rank_is_one_sentence_naming_it(tiny_model, tmp_path):
+    reward = tmp_path / "flaky.py"
+    reward.write_text(FAILING_ON_RANK_1)
+    out = tmp_path / "run"
+    out.mkdir()
+    p = torchrun("train", str(out), fields(tiny_model, out, reward, eval_size=0), timeout=120)
+    assert p.returncode != 0
+    assert "rank 1" in p.stderr and "cannot read its data file" in p.stderr, p.stderr[-3000:]

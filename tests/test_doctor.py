@@ -1,0 +1,33 @@
+"""`cpu-grpo doctor`: the machine's facts, measured, and advice from them."""
+
+from __future__ import annotations
+
+import json
+
+from cpu_grpo import doctor
+from cpu_grpo.cli import main
+
+
+def test_doctor_reports_the_machine(capsys):
+    assert main(["doctor", "--seconds", "0.2"]) == 0
+    out = capsys.readouterr().out
+    for word in ("cpu ", "AVX-512 BF16", "physical", "GB available", "torch", "GFLOP/s", "models", "extras"):
+        assert word in out, word
+
+
+def test_doctor_json_has_measured_numbers(capsys):
+    assert main(["doctor", "--seconds", "0.2", "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert f["physical_cores"] >= 1 and f["memory_gb"] > 0
+    assert f["matmul_gflops"]["bf16"] > 0 and f["matmul_gflops"]["fp32"] > 0
+    assert set(f["extras"]) == set(doctor.EXTRAS)
+
+
+def test_advice_follows_the_facts():
+    base = {"matmul_gflops": {"bf16": 800, "fp32": 200}, "bf16_kernels": True, "memory_available_gb": 20,
+            "physical_cores": 2, "logical_cpus": 2, "extras": {m: "1.0" for m in doctor.EXTRAS}}
+    assert "keep --bf16 true" in doctor.advice(base)[0]
+    slow = {**base, "matmul_gflops": {"bf16": 100, "fp32": 200}, "memory_available_gb": 4,
+            "extras": {**base["extras"], "gradio": None}}
+    said = " ".join(doctor.advice(slow))
+    assert "--bf16 false" in said and "4 GB" in said and "cpu-grpo[app]" in said

@@ -1,0 +1,51 @@
+"""`cpu-grpo plan`: the cost model's parts by hand on the tiny model's shapes, and the command."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from cpu_grpo import config
+from cpu_grpo.cli import main
+from cpu_grpo.planner import Machine, Shapes, fit_budget, predict
+
+MACHINE = Machine(bf16_gflops=500.0, bandwidth_gbs=20.0)
+
+
+def test_shapes_count_the_models_parameters(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    assert shapes.params == sum(p.numel() for p in model.parameters())
+    c = model.config
+    assert shapes.matmul_params == shapes.params - c.vocab_size * c.hidden_size - (2 * c.num_hidden_layers + 1) * \
+        c.hidden_size  # every weight but the input embedding and the norms
+
+
+def test_predictions_move_the_way_the_work_does(tiny_model):
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    base = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 0})
+    p = predict(base, shapes, MACHINE)
+    longer = predict(config.build(None, None, {**base.to_dict(), "max_new_tokens": 192}), shapes, MACHINE)
+    lora = predict(config.build(None, None, {**base.to_dict(), "use_lora": True}), shapes, MACHINE)
+    assert longer.rollout_s > p.rollout_s and longer.update_s > p.update_s
+    assert lora.update_s < p.update_s and lora.peak_gb < p.peak_gb
+    assert p.wall_s == 10 * p.step_s and p.eval_s == 0
+    assert predict(base, shapes, MACHINE, completion_len=48).step_s < p.step_s
+    evaluated = predict(config.build(None, None, {**base.to_dict(), "eval_size": 100}), shapes, MACHINE)
+    assert evaluated.eval_s > 0 and evaluated.wall_s > p.wall_s
+
+
+def test_fit_budget_proposes_only_settings_that_fit(tiny_model):
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    cfg = config.build(None, None, {"model": tiny_model, "steps": 30, "eval_size": 0, "max_new_tokens": 512})
+    limit = predict(cfg, shapes, MACHINE).wall_s / 2
+    fits = fit_budget(cfg, shapes, MACHINE, limit, None)
+    assert fits and all(p.wall_s <= limit for _, p in fits)
+    assert fit_budget(cfg, shapes, MACHINE, 1e-9, None) == []
+
+
+def test_plan_command(tiny_model, capsys):
+    assert main(["plan", "--model", tiny_model, "--steps", "5", "--eval-size", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "a step" in out and "peak memory" in out and "GFLOP/s" in out
+    assert main(["plan", "--model", tiny_model, "--steps", "5", "--budget", "1e-9s"]) == 1
+    assert "nothing tried fits" in capsys.readouterr().out
