@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKLOAD = ["--model", "smollm2-135m", "--prompts-per-step", "8", "--num-generations", "8", "--max-new-tokens",
-            "96", "--eval-size", "0", "--save-every", "0", "--task", "basic", "--seed", "0"]
+WORKLOAD = ["--profile", "demo", "--model", "smollm2-135m", "--prompts-per-step", "8", "--num-generations", "8",
+            "--max-new-tokens", "96", "--eval-size", "0", "--save-every", "0", "--task", "basic", "--seed", "0"]
 MODELS = {  # trainable parameters, from each model's config (counted in `params`)
     "SmolLM2-135M full": ("smollm2-135m", False),
     "Qwen2.5-0.5B LoRA r=16": ("qwen2.5-coder-0.5b", True),

@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _training_commands(sub) -> None:
     p = sub.add_parser("train", help="train with GRPO (profile default: Qwen2.5-Coder-0.5B with LoRA through the "
-                       "basic, intermediate, advanced curriculum with EWC; evaluates before and after, writes a report)")
+                       "basic, intermediate, advanced curriculum with EWC; evaluates before and after; a report)")
     _add_config_args(p)
     p.add_argument("--nproc", type=int, default=1, metavar="N", help="data-parallel processes on this machine (runs "
                    "torchrun --standalone --nproc-per-node N; for several machines call torchrun yourself)")
