@@ -13,7 +13,8 @@ limit (the worst case; `--completion-len` for another assumption):
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
   with LoRA), the sampler's bf16 copy and KV cache, the activations the backward keeps (batching.py), and the
   process itself.
-The constants (`EFFICIENCY`) come from calibration runs on the build machine (bench/planner.py, bench/RESULTS.md).
+The constants (`EFFICIENCY`) are first estimates, not yet fitted: bench/planner.py measures 8 configurations
+against them, and until its table is in bench/RESULTS.md the forecast is a rough guide, not a measured claim.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from .config import TrainConfig, plan
 
-# fractions of the measured peak that each phase reaches, and fixed costs; fitted in bench/planner.py
+# fractions of the measured peak that each phase reaches, and fixed costs; to be fitted by bench/planner.py
 EFFICIENCY = {
     "decode_flops": 0.35,  # decode matmuls are small (rows x hidden): a third of the square-matmul peak
     "decode_bytes": 0.6,  # weights read once a step: most of the copy bandwidth
