@@ -141,7 +141,7 @@ def cmd_plan(args) -> int:
     print(render(cfg, predict(cfg, shapes, machine, args.completion_len), machine, cfg.model))
     if args.budget or args.memory:
         seconds = _duration(args.budget) if args.budget else None
-        memory = float(args.memory.upper().removesuffix("G").removesuffix("B")) if args.memory else None
+        memory = _gigabytes(args.memory) if args.memory else None
         fits = fit_budget(cfg, shapes, machine, seconds, memory)
         if not fits:
             print(f"nothing tried fits {args.budget or ''} {args.memory or ''}: fewer --steps or a smaller model")
@@ -168,6 +168,14 @@ def _duration(text: str) -> float:
         return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
     except ValueError:
         raise config_mod.ConfigError(f"--budget {text!r}: give a duration such as 30m, 2h or 900s") from None
+
+
+def _gigabytes(text: str) -> float:
+    """'8G', '8GB' or '8' -> 8.0."""
+    try:
+        return float(text.upper().removesuffix("B").removesuffix("G"))
+    except ValueError:
+        raise config_mod.ConfigError(f"--memory {text!r}: give gigabytes such as 8G") from None
 
 
 def cmd_doctor(args) -> int:
