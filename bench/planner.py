@@ -69,10 +69,7 @@ def main() -> None:
             result = child(args.child, args.steps)
         print(json.dumps(result))
         return
-    from transformers import AutoConfig
-
     from cpu_grpo.config import build
-    from cpu_grpo.models import resolve_model
     from cpu_grpo.planner import Machine, Shapes, predict
 
     machine = Machine.measure(2.0)
@@ -82,7 +79,7 @@ def main() -> None:
     for i in args.only if args.only is not None else range(len(CONFIGS)):
         model, lora, b, g, t = CONFIGS[i]
         cfg = build(None, None, fields(i, args.steps, "unused"))
-        p = predict(cfg, Shapes.of(AutoConfig.from_pretrained(resolve_model(model, log=lambda *a: None))), machine)
+        p = predict(cfg, Shapes.of_model(model), machine)
         out = subprocess.run([sys.executable, __file__, "--child", str(i), "--steps", str(args.steps)],
                              capture_output=True, text=True, check=True)
         m = json.loads(out.stdout.strip().splitlines()[-1])

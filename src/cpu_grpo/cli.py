@@ -137,7 +137,7 @@ def cmd_plan(args) -> int:
     from .planner import Machine, Shapes, fit_budget, predict, render
 
     cfg = _config_from(args)
-    shapes, machine = Shapes.of(_model_config(cfg.model)), Machine.measure()
+    shapes, machine = Shapes.of_model(cfg.model), Machine.measure()
     print(render(cfg, predict(cfg, shapes, machine, args.completion_len), machine, cfg.model))
     if args.budget or args.memory:
         seconds = _duration(args.budget) if args.budget else None
@@ -151,14 +151,6 @@ def cmd_plan(args) -> int:
             flags = " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in changes.items())
             print(f"  {flags}: {p.step_s:.0f} s a step, {p.peak_gb:.1f} GB, {p.wall_s / 60:.0f} min")
     return 0
-
-
-def _model_config(spec: str):
-    from transformers import AutoConfig
-
-    from .models import resolve_model
-
-    return AutoConfig.from_pretrained(resolve_model(spec))
 
 
 def _duration(text: str) -> float:

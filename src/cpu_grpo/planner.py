@@ -69,6 +69,15 @@ class Shapes:
     config: object
 
     @classmethod
+    def of_model(cls, spec: str) -> Shapes:
+        """The shapes of a model given as `--model` takes it, from its config.json (fetched like a run would)."""
+        from transformers import AutoConfig
+
+        from .models import resolve_model
+
+        return cls.of(AutoConfig.from_pretrained(resolve_model(spec, log=lambda *a: None)))
+
+    @classmethod
     def of(cls, config, lora_r: int = 16) -> Shapes:
         c = config
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

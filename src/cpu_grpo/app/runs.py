@@ -270,16 +270,13 @@ def check_config(profile: str, config_file: str, overrides: dict) -> str | None:
 
 def plan_text(profile: str, config_file: str, overrides: dict) -> str:
     """The planner's forecast of the run (what `cpu-grpo plan` prints), or why there is none."""
-    from transformers import AutoConfig
-
     from ..config import build
-    from ..models import resolve_model
     from ..planner import Machine, Shapes, predict, render
 
     values = {k: flag_text(v) for k, v in overrides.items() if flag_text(v)}
     try:
         cfg = build(profile or None, config_file or None, values)
-        shapes = Shapes.of(AutoConfig.from_pretrained(resolve_model(cfg.model, log=lambda *a: None)))
+        shapes = Shapes.of_model(cfg.model)
     except Exception as e:  # a forecast is a convenience: the check above already said what is wrong
         return f"(no forecast: {type(e).__name__}: {str(e)[:160]})"
     machine = Machine.measure(0.4)
