@@ -144,9 +144,9 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_cache = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d * (rows * completion_len
                                                                             + cfg.prompts_per_step * prompt_len)
-    micro = cfg.micro_batch_size or min(rows, cfg.num_generations * max(1, cfg.prompts_per_step))
-    activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, max(1, micro //
-                                                                                        cfg.num_generations)))
+    micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
+    groups = max(1, micro // cfg.num_generations)
+    activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, groups))
     logits = 4 * shapes.vocab * 1024 * 2  # a chunk of fp32 logits and its softmax
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(kv_cache, activations + logits)) / 2**30
 
