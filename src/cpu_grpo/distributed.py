@@ -128,6 +128,7 @@ def init(timeout_s: float) -> World:
     if not launched():
         return SINGLE
     import torch.distributed as dist
+
     # transformers imports torch.distributed.nn.functional while loading a tokenizer; imported after the group
     # exists, its functions bind the group as a default argument, destroy_process_group cannot free it, and gloo's
     # threads are torn down with the interpreter: "terminate called without an active exception" (SIGABRT) at exit
