@@ -119,13 +119,14 @@ def test_build_without_anything_is_the_defaults():
 def test_default_profile_is_the_three_stage_curriculum():
     cfg = build(profile="default")
     assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
-        ("basic", "basic", 4), ("intermediate", "intermediate", 16), ("advanced", "advanced", 20)]
-    assert cfg.total_steps == 40 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
+        ("basic", "basic", 2), ("intermediate", "intermediate", 14), ("advanced", "advanced", 16)]
+    assert cfg.total_steps == 32 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
+    assert "overlong" in cfg.rewards
 
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
-    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 40)]
+    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 32)]
     assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
 
 
@@ -365,11 +366,11 @@ def test_the_config_reference_in_docs_is_up_to_date():
 def test_steps_scales_a_profiles_own_stage_steps():
     """--steps wins over a profile whose stages fix their steps: they are scaled to it, in proportion."""
     cfg = build("default", None, {"steps": 20})
-    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 2), ("intermediate", 8), ("advanced", 10)]
+    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 1), ("intermediate", 9), ("advanced", 10)]
     assert build("default", None, {"steps": 3}).total_steps == 3
     assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
     assert build("demo", None, {"steps": 20}).total_steps == 20
-    assert build("default", None, {}).total_steps == 40
+    assert build("default", None, {}).total_steps == 32
 
 
 def test_doctests():

@@ -187,6 +187,16 @@ def test_load_builtin_and_module():
     assert load_reward("cpu_grpo.rewards:format_reward") is format_reward
 
 
+def test_overlong_punishes_the_last_quarter_of_the_run_limit_in_tokens():
+    fn = load_reward("overlong", 256)  # 0 up to 192 tokens, then down to -1 at 256
+    ids = [[7] * n for n in (10, 192, 224, 256)]
+    assert fn(["x"] * 4, completion_ids=ids) == [0.0, 0.0, -0.5, -1.0]
+    with pytest.raises(RewardError, match="needs the completion limit"):
+        load_reward("overlong")
+    with pytest.raises(RewardError, match="got 1 completions but 2 values of column 'completion_ids'"):
+        fn(["x"], completion_ids=ids[:2])
+
+
 def test_load_file_with_function(tmp_path):
     f = tmp_path / "my_rewards.py"
     f.write_text(

@@ -154,7 +154,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 
 
 def test_truncated_completions_score_zero_unless_asked():
-    from cpu_grpo.rewards import RewardError, correctness_reward, format_reward
+    from cpu_grpo.rewards import RewardError, correctness_reward, format_reward, load_reward
     from cpu_grpo.step import Rollout, score
     from cpu_grpo.tasks import Example
 
@@ -166,6 +166,12 @@ def test_truncated_completions_score_zero_unless_asked():
     total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
     assert per_fn == {"correctness_reward": [0.0, 1.0], "format_reward": [0.0, 1.0]}
     assert total.tolist() == pytest.approx([0.0, 1.2])
+    # a penalty is no credit: the overlong shaping keeps its -1 on the completion cut at the limit of 96
+    cfg = config.build(None, None, dict(num_generations=2, max_new_tokens=96, rewards=["correctness", "overlong"],
+                                        reward_weights=[1.0, 0.5]))
+    total, per_fn = score(cfg, [correctness_reward, load_reward("overlong", 96)], rollout)
+    assert per_fn == {"correctness_reward": [0.0, 1.0], "overlong_reward": [-1.0, 0.0]}
+    assert total.tolist() == pytest.approx([-0.5, 1.0])
     cfg = config.build(None, None, dict(num_generations=2, score_truncated=True))
     total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
     assert per_fn == {"correctness_reward": [1.0, 1.0], "format_reward": [0.75, 1.0]}

@@ -265,6 +265,25 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     return [_format_score(completion_text(c)) for c in completions]
 
 
+def soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> RewardFn:
+    """DAPO's overlong reward shaping (TRL's `get_soft_overlong_punishment`): 0 up to `max_completion_len -
+    soft_punish_cache` tokens, then falling linearly to -1 at `max_completion_len`, and -1 beyond. It reads the
+    `completion_ids` column, so it counts tokens, not characters.
+
+    >>> fn = soft_overlong_punishment(100, 20)
+    >>> fn(["a"] * 4, completion_ids=[[0] * 80, [0] * 90, [0] * 100, [0] * 120])
+    [0.0, -0.5, -1.0, -1.0]
+    """
+    start = max_completion_len - soft_punish_cache
+
+    def overlong_reward(completions: Sequence, completion_ids: Sequence, **kwargs: Any) -> list[float]:
+        _check_aligned(completions, completion_ids, "completion_ids")
+        return [0.0 if len(ids) <= start else max(-1.0, (start - len(ids)) / max(soft_punish_cache, 1))
+                for ids in completion_ids]
+
+    return overlong_reward
+
+
 def as_scores(name: str, values: Any, n: int) -> list[float]:
     """A reward function's output as n floats (None -> nan: "cannot score this one"), or a RewardError that names
     the function and says what it returned.
@@ -298,6 +317,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "strict_correctness": strict_correctness_reward,
     "format": format_reward,
 }
+BUILTIN_NAMES = (*BUILTIN_REWARDS, "overlong")  # overlong is built for the run's completion limit
 
 
 # ---------------------------------------------------------------------------- loading by name
@@ -358,15 +378,20 @@ def _named(fn: Callable, name: str) -> RewardFn:
     return reward
 
 
-def load_reward(spec: str) -> RewardFn:
+def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
     """A reward function from a builtin name, "package.module:function", "file.py:function", or
     "file.py" alone when that file defines exactly one public function whose name ends in "reward".
+    The builtin `overlong` is `soft_overlong_punishment` over the last quarter of `max_completion_len` tokens.
 
     >>> load_reward("format") is format_reward
     True
     >>> load_reward("cpu_grpo.rewards:correctness_reward") is correctness_reward
     True
     """
+    if spec == "overlong":
+        if max_completion_len <= 0:
+            raise RewardError("reward 'overlong' needs the completion limit: give max_new_tokens")
+        return soft_overlong_punishment(max_completion_len, max_completion_len // 4)
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     if spec.endswith(".py"):
@@ -382,7 +407,7 @@ def load_reward(spec: str) -> RewardFn:
     target, _, name = spec.rpartition(":")
     if not target or not name:
         raise RewardError(
-            f"reward {spec!r} is not a builtin ({', '.join(BUILTIN_REWARDS)}); give one of those, "
+            f"reward {spec!r} is not a builtin ({', '.join(BUILTIN_NAMES)}); give one of those, "
             "'package.module:function', 'path/to/file.py:function' or 'path/to/file.py'"
         )
     if target.endswith(".py"):

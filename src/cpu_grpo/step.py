@@ -86,18 +86,20 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Every reward function on the completions: the weighted total (N,) and each function's values.
 
-    A completion cut at the length limit gets 0 from every function unless `score_truncated`: otherwise a model
-    can write its answer and then anything until the limit (`#### 70` and bare `####` lines) and be paid for it.
+    A completion cut at the length limit earns no credit (its positive rewards count as 0; penalties such as
+    `overlong` stay) unless `score_truncated`: otherwise a model can write its answer and then anything until the
+    limit (`#### 70` and bare `####` lines) and be paid for it.
     """
     g, batch = cfg.num_generations, rollout.batch
     columns = {"answer": [ex.answer for ex in batch for _ in range(g)],
                "difficulty": [ex.difficulty for ex in batch for _ in range(g)],
                "question": [ex.question for ex in batch for _ in range(g)],
-               "prompts": [ex.question for ex in batch for _ in range(g)]}
+               "prompts": [ex.question for ex in batch for _ in range(g)],
+               "completion_ids": rollout.completions}
     per_fn = {}
     for fn in reward_fns:
         values = rewards.as_scores(fn.__name__, fn(completions=rollout.texts, **columns), len(rollout.texts))
-        per_fn[fn.__name__] = [0.0 if cut and not cfg.score_truncated else v
+        per_fn[fn.__name__] = [min(v, 0.0) if cut and not cfg.score_truncated else v
                                for v, cut in zip(values, rollout.truncated, strict=True)]
     total = torch.zeros(len(rollout.texts))
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):

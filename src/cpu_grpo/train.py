@@ -92,7 +92,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         save(cfg, run_dir / "train_config.yaml")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    reward_fns = [rewards.load_reward(spec) for spec in cfg.rewards]
+    reward_fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]
     eval_set = curriculum.held_out(cfg)
     for st in stages:  # bad training data is reported now, not after the base evaluation
         if st.task not in tasks.LEVELS and st.task != "mix":

@@ -46,12 +46,12 @@ class Policy:
         return self.outside("model", spec)
 
     def train_problem(self, model: str, config_file: str, overrides: dict) -> str | None:
-        from ..rewards import BUILTIN_REWARDS
+        from ..rewards import BUILTIN_NAMES
 
         rewards = [r.strip() for r in str(overrides.get("rewards") or "").split(",") if r.strip()]
-        if rewards and not self.allow_code and not set(rewards) <= set(BUILTIN_REWARDS):
+        if rewards and not self.allow_code and not set(rewards) <= set(BUILTIN_NAMES):
             return ("rewards: reward files and modules run their code; the page takes builtin rewards "
-                    f"({', '.join(BUILTIN_REWARDS)}) unless the app was started with --allow-code.")
+                    f"({', '.join(BUILTIN_NAMES)}) unless the app was started with --allow-code.")
         stages = [st.partition(":")[0] for st in str(overrides.get("stages") or "").split(",")]
         evals = str(overrides.get("eval_task") or "").split(",")
         checks = [self.model_problem(model or ""), self.outside("config file", config_file) if config_file else None,
