@@ -3,23 +3,21 @@ import sys
 
 import pytest
 
-from cpu_grpo import rewards
+from cpu_grpo import answers, rewards
+from cpu_grpo.answers import answers_match, completion_text, extract_answer, parse_number
+from cpu_grpo.errors import RewardError
 from cpu_grpo.rewards import (
     BUILTIN_REWARDS,
-    RewardError,
-    answers_match,
-    completion_text,
     correctness_reward,
-    extract_answer,
     format_reward,
     load_reward,
-    parse_number,
     strict_correctness_reward,
 )
 
 
 def test_doctests():
     assert doctest.testmod(rewards).failed == 0
+    assert doctest.testmod(answers).failed == 0
 
 
 # ---------------------------------------------------------------------------- text and numbers

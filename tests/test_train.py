@@ -153,7 +153,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
         train(tiny_cfg(tiny_model, tmp_path / "other", reward_file, eval_size=0, steps=1), log=lambda *a: None)
 
 
-def test_truncated_completions_score_zero_unless_asked():
+def test_truncated_completions_earn_no_credit_unless_asked():
     from cpu_grpo.rewards import RewardError, correctness_reward, format_reward, load_reward
     from cpu_grpo.step import Rollout, score
     from cpu_grpo.tasks import Example

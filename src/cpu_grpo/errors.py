@@ -8,3 +8,7 @@ class UserError(ValueError):
 
 class RunDirError(UserError):
     """A run directory that cannot be used as asked (busy, holding another run, nothing to resume)."""
+
+
+class RewardError(UserError):
+    """A reward spec or reward input a user can fix; the message says how."""

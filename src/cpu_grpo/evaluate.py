@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from . import metrics, rewards, stats, tasks
+from . import answers, metrics, stats, tasks
 
 
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
@@ -46,18 +46,18 @@ def sampled_record(ex: tasks.Example, texts: list[str]) -> dict:
 
     Votes are answers as canonical numbers ("18.0" and "$18" are one vote); None answers do not vote.
     """
-    preds = [rewards.extract_answer(t, "auto") for t in texts]
-    right = [rewards.answers_match(p, ex.answer) for p in preds]
+    preds = [answers.extract_answer(t, "auto") for t in texts]
+    right = [answers.answers_match(p, ex.answer) for p in preds]
     votes = []
     for p in preds:
-        value = rewards.parse_number(p) if p is not None else None
+        value = answers.parse_number(p) if p is not None else None
         votes.append(tasks.canonical_number(value) if value is not None else p and p.strip().lower())
     majority = stats.majority_vote(votes)
     k, c = len(texts), sum(right)
     return {"id": ex.id, "difficulty": ex.difficulty, "question": ex.question, "answer": ex.answer,
             "samples": k, "completions": texts, "preds": preds, "sample_correct": right, "n_correct": c,
             "pass_at": {str(j): stats.pass_at_k(k, c, j) for j in range(1, k + 1)}, "maj_pred": majority,
-            "maj_correct": rewards.answers_match(majority, ex.answer)}
+            "maj_correct": answers.answers_match(majority, ex.answer)}
 
 
 def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed: int, out_path: Path | None = None,

@@ -1,8 +1,8 @@
 """Per-completion metrics: correctness under several extractors, and what the written work looks like.
 
 Pure functions on strings (no torch). Correctness:
-- strict: the number after the last "#### " (`rewards.extract_answer(text, "strict")`);
-- flexible: the last number, lm-eval-harness's flexible regex (`rewards.extract_answer(text, "flexible")`);
+- strict: the number after the last "#### " (`answers.extract_answer(text, "strict")`);
+- flexible: the last number, lm-eval-harness's flexible regex (`answers.extract_answer(text, "flexible")`);
 - math-verify: the `math-verify` package parses gold and completion and compares them symbolically;
 - lm-eval-harness gsm8k (strict-match, flexible-extract): its regexes, filters and exact-match rules,
   so the numbers can be set beside published ones (the prompt still differs: theirs is 5-shot).
@@ -38,8 +38,8 @@ import threading
 from fractions import Fraction
 from typing import NamedTuple
 
+from .answers import answers_match, extract_answer, parse_number
 from .errors import UserError
-from .rewards import answers_match, extract_answer, parse_number
 
 
 class MetricError(UserError):
