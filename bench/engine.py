@@ -19,16 +19,9 @@ import torch
 from cpu_grpo import tasks
 from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
+from cpu_grpo.doctor import matmul_gflops
 from cpu_grpo.models import keep_freed_memory, load_model, set_threads
 from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
-    """GFLOP/s of an n x n x n matmul, best of `reps`."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(reps))
-    return 2 * n**3 / best / 1e9
 
 
 def decode_linear_bound(model, rows: int, reps: int = 5) -> float:
@@ -94,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     threads = set_threads()
     keep_freed_memory()
-    peak16, peak32 = matmul_peak(torch.bfloat16), matmul_peak(torch.float32)
+    peak16, peak32 = matmul_gflops(torch.bfloat16, 2.0, n=2048), matmul_gflops(torch.float32, 2.0, n=2048)
     model, tok = load_model(args.model, log=lambda *a: None)
     model.train()
     sampler = Sampler(model)
