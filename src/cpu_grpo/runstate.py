@@ -187,7 +187,7 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
     try:
         checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
                         extra=extra)
-    except (OSError, RuntimeError) as e:
+    except Exception as e:  # OSError; torch.save's RuntimeError; safetensors' SafetensorError
         if not disk_full(e):
             raise
         free = shutil.disk_usage(r.dir).free / 2**20

@@ -6,6 +6,7 @@ summary are always on. Optional backends (TensorBoard, trackio, wandb offline) p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -56,8 +57,20 @@ def peak_rss_mb() -> float:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
+    with _naming(path), open(path, "a") as f:
         f.write(json.dumps(record, default=_jsonable) + "\n")
+
+
+@contextlib.contextmanager
+def _naming(path: Path):
+    """An OSError while writing `path` names it (Python's does not once the file is open): on a full disk,
+    train.py's sentence says which file."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def _jsonable(x):
@@ -162,7 +175,8 @@ def write_status(run_dir: Path, **fields) -> None:
     status = read_json(path) or {}
     status.update(fields, pid=os.getpid(), updated=time.time())
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(status, default=_jsonable))
+    with _naming(path):
+        tmp.write_text(json.dumps(status, default=_jsonable))
     os.replace(tmp, path)
 
 

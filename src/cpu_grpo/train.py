@@ -22,7 +22,7 @@ import torch
 from . import checkpoint, curriculum, distributed, planner, report, rewards, tasks, tracking
 from .config import TrainConfig, describe, plan, save
 from .models import keep_freed_memory, set_threads
-from .runstate import Run, TrainingError, build_run, open_run_dir, save_checkpoint
+from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
 from .stages import enter_stage, evaluate_all, finish_stage, promoted, stage_finished
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
 from .trackers import summary_metrics
@@ -52,17 +52,31 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         lost = isinstance(e, distributed.CollectiveFailed)  # another rank is gone: say which
         if lost:  # torchrun sends SIGTERM to the ranks left: finish this sentence first (it takes ~2 s)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        failure = distributed.RankError(distributed.lost_rank_message(world, e)) if lost else e
+        failure = distributed.RankError(distributed.lost_rank_message(world, e)) if lost else _plainly(e, run_dir)
         if not lost:
-            distributed.record_failure(world, e)  # for the other ranks' message
+            distributed.record_failure(world, failure)  # for the other ranks' message
         if world.main and run_dir is not None:
             try:
                 write_status(run_dir, state="failed", message=f"{type(failure).__name__}: {failure}"[:300])
             except OSError:  # a full disk: the error itself matters more than the status file
                 pass
-        if lost:
+        if failure is not e:
             raise failure from None
         raise
+
+
+def _plainly(e: BaseException, run_dir: Path | None) -> BaseException:
+    """A full disk wherever the run writes (lock, logs, evaluations, report; checkpoints say it themselves) as
+    one sentence that says how to go on; any other error as it is."""
+    if run_dir is None or isinstance(e, TrainingError) or not disk_full(e):
+        return e
+    free = shutil.disk_usage(run_dir).free / 2**20
+    what = Path(e.filename).name if getattr(e, "filename", None) else "the run's files"
+    last = checkpoint.latest(run_dir)
+    then = f"continue with --resume (from {last.name})" if last else \
+        "continue with --resume" if (run_dir / "train_config.yaml").exists() else "run the same command again"
+    return TrainingError(f"the disk holding {run_dir} is full ({free:.0f} MB free) while writing {what}: free "
+                         f"some space and {then}")
 
 
 def _quiet(*args, **kwargs) -> None:
