@@ -1,6 +1,6 @@
 """The update of one GRPO step at several micro-batch sizes, the same completions each time (issue 13).
 
-    .venv/bin/python bench/dev/micro_batch.py [--model qwen2.5-coder-0.5b] [--lora] [--sizes 1 4 8]
+    .venv/bin/python bench/dev/micro_batch.py [--model qwen2.5-coder-0.5b] [--sizes 1 4 8]
 
 Samples one step of the default profile's shape (4 prompts x 8 samples, 256 tokens, the \\boxed{} instruction),
 then times `step.update` on those completions at each micro-batch size (weights restored between runs), with
