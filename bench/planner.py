@@ -40,6 +40,7 @@ def fields(i: int, steps: int, out: str) -> dict:
     model, lora, b, g, t = CONFIGS[i]
     return dict(model=model, use_lora=lora, prompts_per_step=b, num_generations=g, max_new_tokens=t, steps=steps,
                 task="basic", train_size=64, eval_size=0, save_every=0, learning_rate=1e-6, output_dir=out,
+                score_truncated=True,  # every completion is cut at the limit here: score it, or no group trains
                 rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0])
 
 
