@@ -70,25 +70,34 @@ def main() -> None:
             result = child(args.child, args.steps)
         print(json.dumps(result))
         return
+    import os
+
     from cpu_grpo.config import build
     from cpu_grpo.planner import Machine, Shapes, predict
 
-    machine = Machine.measure(2.0)
-    print(f"machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, copy {machine.bandwidth_gbs:.1f} GB/s\n")
-    print("| model | training | B x G x T | predicted s/step (rollout + update) | measured | error | predicted peak "
-          "| measured | error |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for i in args.only if args.only is not None else range(len(CONFIGS)):
-        model, lora, b, g, t = CONFIGS[i]
-        cfg = build(None, None, fields(i, args.steps, "unused"))
-        p = predict(cfg, Shapes.of_model(model), machine)
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} (run it alone)")
+    first = Machine.measure(2.0)
+    todo = args.only if args.only is not None else range(len(CONFIGS))
+    measured = {}
+    for i in todo:
         out = subprocess.run([sys.executable, __file__, "--child", str(i), "--steps", str(args.steps)],
                              capture_output=True, text=True, check=True)
-        m = json.loads(out.stdout.strip().splitlines()[-1])
+        measured[i] = json.loads(out.stdout.strip().splitlines()[-1])
+    last = Machine.measure(2.0)  # twice, so that one disturbed measurement (a process still exiting) shows
+    machine = max(first, last, key=lambda m: m.bf16_gflops)
+    for name, m in (("start", first), ("end", last)):
+        print(f"machine at the {name}: bf16 {m.bf16_gflops:.0f} GFLOP/s, copy {m.bandwidth_gbs:.1f} GB/s")
+    print(f"predictions with the faster: {machine.bf16_gflops:.0f} GFLOP/s\n")
+    print("| model | training | B x G x T | predicted s/step (rollout + update) | measured | error | predicted peak "
+          "| measured | error |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for i in todo:
+        model, lora, b, g, t = CONFIGS[i]
+        p = predict(build(None, None, fields(i, args.steps, "unused")), Shapes.of_model(model), machine)
+        m = measured[i]
         print(f"| {model} | {'LoRA' if lora else 'full'} | {b}x{g}x{t} | {p.step_s:.1f} ({p.rollout_s:.1f} + "
               f"{p.update_s:.1f}) | {m['step']:.1f} ({m['rollout']:.1f} + {m['update']:.1f}) | "
               f"{p.step_s / m['step'] - 1:+.0%} | {p.peak_gb:.2f} GB | {m['peak_gb']:.2f} GB | "
               f"{p.peak_gb / m['peak_gb'] - 1:+.0%} |", flush=True)
-
 
 if __name__ == "__main__":
     main()
