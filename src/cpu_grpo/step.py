@@ -8,8 +8,8 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
    equal) are left out of the update: their gradient is exactly 0, so skipping them changes nothing but time.
 4. Log-probs come from the hidden states and a chunked logsumexp, never a (N, T, V) fp32 log-softmax.
 5. A completion cut at max_new_tokens earns no credit from any reward function, penalties stay (TRL scores it
-   like any other, or masks it out of the loss): an answer that never ends is no answer, and scoring it taught a model to write
-   its answer and then pad to the limit.
+   like any other, or masks it out of the loss): an answer that never ends is no answer, and scoring it
+   taught a model to write its answer and then pad to the limit.
 6. Under torchrun, each rank samples its share of the step's groups and trains on them; the rest of the step
    sees the whole batch, gathered (distributed.py says how). Every decision that ends a loop (a stop request, a
    stage already done) is agreed by all ranks, so that they always meet in the same collectives.
