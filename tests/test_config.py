@@ -122,6 +122,7 @@ def test_default_profile_is_the_three_stage_curriculum():
         ("basic", "basic", 2), ("intermediate", "intermediate", 14), ("advanced", "advanced", 16)]
     assert cfg.total_steps == 32 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
     assert "overlong" in cfg.rewards
+    assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 320]  # advanced at its own limit, the others the run's
 
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
@@ -143,9 +144,9 @@ def test_stages_from_the_command_line_share_the_steps():
 def test_stages_from_yaml_mappings(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("stages:\n  - {name: warmup, task: basic, steps: 5, promote_at: 0.6}\n"
-                 "  - {name: hard, task: advanced, steps: 8, learning_rate: 1e-5}\n")
+                 "  - {name: hard, task: advanced, steps: 8, learning_rate: 1e-5, max_new_tokens: 384}\n")
     warm, hard = plan(build(None, str(f)))
-    assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5)
+    assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5, 384)
     assert build(None, str(f)).total_steps == 13
 
 
@@ -156,6 +157,8 @@ def test_stages_from_yaml_mappings(tmp_path):
     ([{"name": "a", "task": "basic", "epochs": 3}], 30, "unknown key(s) epochs"),
     ([{"task": "basic"}], 30, "give a name"),
     ([{"name": "a", "promote_at": 1.5}], 30, "promote_at in [0, 1]"),
+    ([{"name": "a", "max_new_tokens": -5}], 30, "max_new_tokens >= 0"),
+    ([{"name": "a", "max_new_tokens": "long"}], 30, "max_new_tokens must be integers"),
 ])
 def test_impossible_stages_say_what_to_do(stages, steps, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):

@@ -158,6 +158,29 @@ def test_resume_inside_the_second_stage(tiny_model, tmp_path, reward_file):
     assert metrics[-1]["ewc_penalty"] > 0  # the Fisher of stage 1 came back from the checkpoint
 
 
+def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file, monkeypatch):
+    """Its rollouts stop at its limit, and its task's held-out set is evaluated at it, before and after; the other
+    stages and sets keep the run's limits (12 in training, 8 in evaluation)."""
+    from cpu_grpo import evaluate
+
+    limits, run_eval = [], evaluate.run_eval
+
+    def spy(sampler, tok, examples, instruction, sampling, **kw):
+        limits.append(({ex.difficulty for ex in examples}, sampling.max_new_tokens))
+        return run_eval(sampler, tok, examples, instruction, sampling, **kw)
+
+    monkeypatch.setattr(evaluate, "run_eval", spy)
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, steps=4, ewc_lambda=0.0, eval_every_stage=False,
+                    stages=["basic:2", {"name": "intermediate", "steps": 2, "max_new_tokens": 5}])
+    train(cfg, log=lambda *a: None)
+    lengths = {m["stage"]: m["completion_len"] for m in read_jsonl(out / "metrics.jsonl")}
+    assert lengths["intermediate"] <= 5 < lengths["basic"] <= 12
+    assert limits == [({"basic"}, 8), ({"intermediate"}, 5)] * 2  # before training, after the last stage
+    held = [ex.id for s in curriculum.held_out(cfg) for ex in s.examples]
+    assert [x["id"] for x in read_jsonl(out / "eval_before.jsonl")] == held  # in the sets' order
+
+
 def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setattr(train_mod, "promoted", lambda r, stage, val: 1.0 if r.stage_step == 2 else None)
     out = tmp_path / "run"
@@ -172,7 +195,7 @@ def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeyp
 
 def test_validation_is_disjoint_from_the_held_out_set():
     cfg = config.build(None, None, {"eval_size": 30, "promote_size": 20})
-    held = {ex.question for ex in curriculum.held_out(cfg)}
+    held = {ex.question for ex in curriculum.held_out(cfg)[0].examples}
     val = curriculum.validation(cfg, config.plan(cfg)[0])
     assert len(val) == 20 and not held & {ex.question for ex in val}
 

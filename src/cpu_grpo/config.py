@@ -45,7 +45,8 @@ class TrainConfig:
         "text appended to every question in the user message")
     # -- curriculum
     stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
-                               "mappings with name, task, steps, promote_at, learning_rate. Empty: one stage on task")
+                               "mappings with name, task, steps, promote_at, learning_rate, max_new_tokens. Empty: one "
+                               "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
@@ -159,6 +160,9 @@ class Stage:
     steps: int
     promote_at: float = 0.0  # move on when validation accuracy reaches this (0: run all steps)
     learning_rate: float = 0.0  # 0: the run's learning_rate
+    # the completion limit of this stage's rollouts and of its task's held-out set, before and after training
+    # (0: the run's max_new_tokens and eval_max_new_tokens)
+    max_new_tokens: int = 0
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
@@ -177,14 +181,16 @@ def parse_stage(spec) -> dict:
                           f"{', '.join(sorted(_STAGE_KEYS))}.")
     out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
     try:
-        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float)):
+        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float), ("max_new_tokens", int)):
             if spec.get(key) is not None:
                 out[key] = kind(spec[key])
     except (TypeError, ValueError):
-        raise ConfigError(f"stage '{spec['name']}': steps must be an integer, promote_at and learning_rate "
-                          "numbers.") from None
-    if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0:
-        raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0.")
+        raise ConfigError(f"stage '{spec['name']}': steps and max_new_tokens must be integers, promote_at and "
+                          "learning_rate numbers.") from None
+    if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0 \
+            or out.get("max_new_tokens", 0) < 0:
+        raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0, "
+                          "max_new_tokens >= 0.")
     return out
 
 
@@ -239,11 +245,12 @@ PROFILES: dict[str, dict] = {
     # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
     "demo": dict(),
     # the curriculum: basic, intermediate, advanced, with EWC against forgetting, on the 0.5B Qwen with LoRA and
-    # the instruction it was trained on (SmolLM2-135M learns nothing multi-step: docs/learning.md); DAPO's overlong
-    # shaping, since the model's advanced answers (~290 tokens) outgrow the limit; every level evaluated before
-    # training and after the last stage, in <= 2 hours on 2 cores
+    # the instruction it was trained on (SmolLM2-135M learns nothing multi-step: docs/learning.md); advanced
+    # trained and evaluated at 320 tokens, where every answer the base model gets right fits (~290 tokens), with
+    # DAPO's overlong shaping; every level evaluated before training and after the last stage, <= 2 hours on 2 cores
     "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                    stages=["basic:2", "intermediate:14", "advanced:16"], steps=32, prompts_per_step=4,
+                    stages=["basic:2", "intermediate:14", {"name": "advanced", "steps": 16, "max_new_tokens": 320}],
+                    steps=32, prompts_per_step=4,
                     rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
                     max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
                     ewc_lambda=1.0),

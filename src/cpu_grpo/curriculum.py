@@ -35,11 +35,26 @@ def eval_specs(cfg: TrainConfig) -> list[str]:
     return list(dict.fromkeys(specs))
 
 
-def held_out(cfg: TrainConfig) -> list[tasks.Example]:
-    """The evaluation problems: eval_size from the test split of each set (seed + 1), never trained on."""
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out set and the completion limit it is evaluated with, before training and after each stage."""
+
+    task: str
+    examples: list[tasks.Example]
+    max_new_tokens: int
+
+
+def held_out(cfg: TrainConfig) -> list[HeldOut]:
+    """The evaluation sets: eval_size problems from the test split of each task (seed + 1), never trained on; each
+    at its stage's max_new_tokens where the stage sets one (the largest, if several train on it), else at
+    eval_max_new_tokens."""
     if cfg.eval_size == 0:
         return []
-    return [ex for spec in eval_specs(cfg) for ex in load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test")]
+    limits: dict[str, int] = {}
+    for stage in plan(cfg):
+        limits[stage.task] = max(limits.get(stage.task, 0), stage.max_new_tokens)
+    return [HeldOut(spec, load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test"),
+                    limits.get(spec) or cfg.eval_max_new_tokens) for spec in eval_specs(cfg)]
 
 
 def validation(cfg: TrainConfig, stage: Stage) -> list[tasks.Example]:

@@ -18,13 +18,15 @@ from . import answers, metrics, stats, tasks
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
              batch_size: int = 64) -> list[dict]:
     """One completion for every example (greedy: `sampling` with temperature 0), each appended to the question
-    with `instruction`; one record per problem, written as JSONL when out_path is given."""
+    with `instruction`, in equal batches of at most `batch_size`; one record per problem, written as JSONL when
+    out_path is given."""
     from .rollout import encode_prompts
 
     use_mv = metrics.math_verify_available()
     if not use_mv:
         log("  note: math-verify is not installed, so correct_math_verify stays empty (pip install math-verify)")
     records, t0 = [], time.time()
+    batch_size = -(-len(examples) // -(-len(examples) // batch_size)) if examples else 1  # equal batches: no small tail
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
         prompts = encode_prompts(tok, [ex.question for ex in part], instruction)

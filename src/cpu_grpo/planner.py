@@ -112,9 +112,19 @@ class Prediction:
 
 def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: int | None = None,
             prompt_len: int = PROMPT_TOKENS) -> Prediction:
-    """Seconds per step (rollout, update), peak RSS and the whole run's wall time for `cfg` on `machine`."""
+    """Seconds per step (rollout, update; the mean over the stages, each at its own completion limit unless
+    `completion_len` is given), peak RSS and the whole run's wall time for `cfg` on `machine`."""
+    stages = [(s.steps, completion_len or s.max_new_tokens or cfg.max_new_tokens) for s in plan(cfg)]
+    steps = max(1, sum(n for n, _ in stages))
+    phases = [(n, _step_seconds(cfg, shapes, machine, t, prompt_len)) for n, t in stages]
+    rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
+    return Prediction(rollout, update, peak_gb(cfg, shapes, max(t for _, t in stages), prompt_len), cfg.total_steps,
+                      eval_seconds(cfg, shapes, machine, prompt_len))
+
+
+def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
+    """A step's rollout and update seconds with every completion at `t` tokens."""
     e = EFFICIENCY
-    t = completion_len or cfg.max_new_tokens
     rows = cfg.prompts_per_step * cfg.num_generations
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
     weight_bytes = 2 * shapes.matmul_params  # the sampler's bf16 weights
@@ -126,8 +136,7 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
     update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * e["train_flops"]) \
         + 16 * trainable / bw  # AdamW reads and writes weights, gradients and two moments (fp32)
-    return Prediction(rollout, update, peak_gb(cfg, shapes, t, prompt_len), cfg.total_steps,
-                      eval_seconds(cfg, shapes, machine, prompt_len))
+    return rollout, update
 
 
 def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
@@ -153,25 +162,34 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
 
 
 def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
-    """The greedy evaluations: batches of 64 problems, every completion at eval_max_new_tokens (an upper bound)."""
+    """The greedy evaluations: the held-out sets of each completion limit in equal batches of at most 64 problems,
+    every completion at that limit (an upper bound)."""
     if cfg.eval_size == 0:
         return 0.0
     e = EFFICIENCY
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    levels = len({s.task for s in plan(cfg)} | {t for t in cfg.eval_task.split(",") if t})
-    problems = cfg.eval_size * levels
+    limits: dict[str, int] = {t: cfg.eval_max_new_tokens for t in cfg.eval_task.split(",") if t}
+    for s in plan(cfg):
+        limits[s.task] = max(s.max_new_tokens or cfg.eval_max_new_tokens, limits.get(s.task, 0))
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
-    batches = -(-problems // 64)
-    decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
-                 2 * shapes.matmul_params * min(64, problems) / (flops * e["decode_flops"]))
-    return evaluations * batches * cfg.eval_max_new_tokens * (decode + shapes.layers * e["layer_overhead_s"])
+    total = 0.0
+    for limit in set(limits.values()):
+        problems = cfg.eval_size * list(limits.values()).count(limit)
+        batches = -(-problems // 64)
+        rows = -(-problems // batches)
+        decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
+                     2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
+        total += batches * limit * (decode + shapes.layers * e["layer_overhead_s"])
+    return evaluations * total
 
 
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
     h = pred.wall_s / 3600
+    own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in plan(cfg) if s.max_new_tokens)
     return "\n".join([
         f"plan for {model}: {cfg.prompts_per_step} prompts x {cfg.num_generations} samples x "
-        f"{cfg.max_new_tokens} tokens, {'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
+        f"{cfg.max_new_tokens} tokens{f' ({own})' if own else ''}, "
+        f"{'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
         f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
         f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
         "every completion at the token limit; shorter completions are faster",

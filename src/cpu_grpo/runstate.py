@@ -92,17 +92,24 @@ class Run:
     stage_index: int = 0  # the stage being trained
     stage_step: int = 0  # steps done in that stage
     data_pos: int = 0  # prompts of that stage's training order consumed
+    max_new_tokens: int = 0  # that stage's completion limit in training (0: the config's)
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
     micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
     commit: str = ""  # the code this process started with (tracking.code_version), for summary.json
 
-    def sampling(self, greedy: bool = False) -> Sampling:
-        """How rollouts are sampled (the config's limit, temperature, top-k/p), or the greedy evaluation."""
+    @property
+    def limit(self) -> int:
+        """The completion limit of the rollouts now: the stage's, else the config's max_new_tokens."""
+        return self.max_new_tokens or self.cfg.max_new_tokens
+
+    def sampling(self, greedy: bool = False, max_new_tokens: int = 0) -> Sampling:
+        """How rollouts are sampled (the stage's limit, the config's temperature and top-k/p), or the greedy
+        evaluation (at `max_new_tokens`, else the config's eval_max_new_tokens)."""
         c, pad = self.cfg, self.tok.pad_token_id
         if greedy:
-            return Sampling(c.eval_max_new_tokens, self.stops, pad, temperature=0.0)
-        return Sampling(c.max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p)
+            return Sampling(max_new_tokens or c.eval_max_new_tokens, self.stops, pad, temperature=0.0)
+        return Sampling(self.limit, self.stops, pad, c.temperature, c.top_k, c.top_p)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:

@@ -18,12 +18,21 @@ from .runstate import Run, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
 
 
-def evaluate_all(r: Run, examples: list[tasks.Example], path: Path | None, log=None) -> list[dict]:
-    """Greedy evaluation, each rank on its share of the problems; the records gathered in the problems' order and
-    written by rank 0 (with the forgetting matrix) when a path is given."""
-    mine = examples[r.world.rank::r.world.size]
-    records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction, r.sampling(greedy=True),
-                                                   log=log or r.log))
+def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=None) -> list[dict]:
+    """Greedy evaluation of the held-out sets, each at its own completion limit (sets with the same limit share
+    batches), each rank on its share of the problems; the records gathered in the problems' order and written by
+    rank 0 (with the forgetting matrix) when a path is given."""
+    by_limit: dict[int, list[curriculum.HeldOut]] = {}
+    for s in sets:
+        by_limit.setdefault(s.max_new_tokens, []).append(s)
+    done: dict[str, list[dict]] = {}
+    for limit, group in by_limit.items():
+        mine = [ex for s in group for ex in s.examples][r.world.rank::r.world.size]
+        records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction,
+                                                       r.sampling(greedy=True, max_new_tokens=limit), log=log or r.log))
+        for s in group:
+            done[s.task], records = records[:len(s.examples)], records[len(s.examples):]
+    records = [x for s in sets for x in done[s.task]]
     if path is not None and r.world.main:
         path.parent.mkdir(exist_ok=True)
         path.write_text("".join(json.dumps(x) + "\n" for x in records))
@@ -32,16 +41,18 @@ def evaluate_all(r: Run, examples: list[tasks.Example], path: Path | None, log=N
 
 
 def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
-    """The stage's training problems and their order; its learning rate."""
+    """The stage's training problems and their order; its learning rate and completion limit."""
     cfg = r.cfg
     data = curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train")
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
     lr = stage.learning_rate or cfg.learning_rate
+    r.max_new_tokens = stage.max_new_tokens
     r.sched.base_lrs = [lr for _ in r.opt.param_groups]
     for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
         group["lr"] = lr * f(r.sched.last_epoch)
     if n_stages > 1:
-        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}"
+        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}, "
+              f"{r.limit} tokens"
               + (f", promoted at validation accuracy {stage.promote_at:.2f}" if stage.promote_at else ""))
     return data, order
 
@@ -50,7 +61,7 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     """Validation accuracy when a promotion check is due (else None)."""
     if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
         return None
-    records = evaluate_all(r, val, None, log=lambda *a: None)
+    records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, stage.max_new_tokens)], None, log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 
 
@@ -82,7 +93,7 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
     if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
         if r.world.main:
             write_status(r.dir, state="evaluating", stage=stage.name)
-        r.log(f"stage '{stage.name}' done: evaluating {len(eval_set)} held-out problems ...")
+        r.log(f"stage '{stage.name}' done: evaluating {sum(len(s.examples) for s in eval_set)} held-out problems ...")
         evaluate_all(r, eval_set, path)
     record["eval_seconds"] = round(time.time() - t0, 1)
     if cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages:

@@ -7,7 +7,7 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 3. With beta = 0 and one update per rollout, sequences whose advantage is 0 (groups whose rewards are all
    equal) are left out of the update: their gradient is exactly 0, so skipping them changes nothing but time.
 4. Log-probs come from the hidden states and a chunked logsumexp, never a (N, T, V) fp32 log-softmax.
-5. A completion cut at max_new_tokens earns no credit from any reward function, penalties stay (TRL scores it
+5. A completion cut at the length limit earns no credit from any reward function, penalties stay (TRL scores it
    like any other, or masks it out of the loss): an answer that never ends is no answer, and scoring it
    taught a model to write its answer and then pad to the limit.
 6. Under torchrun, each rank samples its share of the step's groups and trains on them; the rest of the step
@@ -60,7 +60,7 @@ class Rollout:
     prompts: list[list[int]]
     completions: list[list[int]]
     texts: list[str]
-    truncated: list[bool]  # cut at max_new_tokens before the model ended it
+    truncated: list[bool]  # cut at the length limit before the model ended it
 
 
 @dataclass
@@ -79,7 +79,7 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
     prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
     completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(), r.gen)
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
-    truncated = [len(c) >= cfg.max_new_tokens and c[-1] not in r.stops for c in completions]
+    truncated = [len(c) >= r.limit and c[-1] not in r.stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
 
@@ -214,7 +214,7 @@ def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, ad
     cfg, model, g, pad = r.cfg, r.model, r.cfg.num_generations, r.tok.pad_token_id
     prompts, completions = rollout.prompts, rollout.completions
     lengths = [len(c) for c in completions]
-    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": cfg.max_new_tokens}
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": r.limit}
     fixed = {}  # old and reference log-probs, computed once before the updates
     if cfg.num_iterations > 1 or ref is not None:
         with torch.no_grad():

@@ -106,7 +106,8 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         save(cfg, run_dir / "train_config.yaml")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    reward_fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]
+    for spec in cfg.rewards:  # a bad reward is reported now, not after the base evaluation (each stage loads its own)
+        rewards.load_reward(spec, cfg.max_new_tokens)
     eval_set = curriculum.held_out(cfg)
     for st in stages:  # bad training data is reported now, not after the base evaluation
         if st.task not in tasks.LEVELS and st.task != "mix":
@@ -125,7 +126,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
             if world.main:
                 write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1,
                              total_steps=cfg.total_steps, num_stages=len(stages))
-            log(f"evaluating the base model on {len(eval_set)} held-out problems ...")
+            log(f"evaluating the base model on {sum(len(s.examples) for s in eval_set)} held-out problems ...")
             evaluate_all(r, eval_set, run_dir / "eval_before.jsonl")
         # ---------------------------------------------------------------- train, stage after stage
         for k, stage in enumerate(stages):
@@ -134,6 +135,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
             if k > r.stage_index:
                 r.stage_index, r.stage_step, r.data_pos = k, 0, 0
             train_set, order = enter_stage(r, k, stage, len(stages))
+            reward_fns = [rewards.load_reward(spec, r.limit) for spec in cfg.rewards]  # `overlong` needs the limit
             promoted_at = _run_stage(r, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
             if stop_agreed(r, stop):
                 break
