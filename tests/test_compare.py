@@ -79,6 +79,30 @@ def test_compare_command(tmp_path, capsys):
     assert err.startswith("cpu-grpo: ") and "is not a run directory" in err and err.count("\n") == 1
 
 
+def test_compare_two_evaluations_pairs_every_metric(tmp_path, capsys):
+    """A base model and a checkpoint on the same problems (one more in B, left out): paired per metric."""
+    def records(right: list[bool], extra: int = 0) -> list[dict]:
+        return [{"id": f"test.jsonl:{i}", "difficulty": "gsm8k", "correct": c, "lm_eval_strict": c,
+                 "lm_eval_flexible": True} for i, c in enumerate(right + [True] * extra)]
+
+    a, b = tmp_path / "base.jsonl", tmp_path / "trained.jsonl"
+    jsonl(a, records([False, False, False, True]))
+    jsonl(b, records([True, True, True, True], extra=1))
+    assert main(["compare", str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "- 4 problems evaluated by both" in text
+    # 1/4 -> 4/4: +75 points; b = 0, c = 3: McNemar p = 2 * (1/2)^3 = 0.25
+    assert "| accuracy (auto extractor) | 4 | 25.0% (" in text and "| +75.0 (" in text and "| 0.25 |" in text
+    assert "| lm-eval gsm8k strict-match | 4 |" in text and "| lm-eval gsm8k flexible-extract | 4 | 100.0% (" in text
+    assert "gsm8k, B vs A: +75.0 points" in text
+    jsonl(b, [{"id": "other", "difficulty": "gsm8k", "correct": True}])
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "share no problem: evaluate both with the same --task, --n and --seed" in capsys.readouterr().err
+    jsonl(b, [{"step": 1, "reward": 0.5}])  # a metrics file is no evaluation
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "is not an evaluation" in capsys.readouterr().err
+
+
 GSM8K_LINES = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
                 "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
                {"question": "A pen costs $2. How much do 5 pens cost?", "answer": "5 * 2 = <<5*2=10>>10\n#### 10"}]

@@ -240,9 +240,10 @@ def _training_commands(sub) -> None:
 
 
 def _other_commands(sub) -> None:
-    p = sub.add_parser("compare", help="two runs side by side: config, before/after, training, paired test")
-    p.add_argument("run_a", metavar="RUN_A", help="a run directory (runs/<name>)")
-    p.add_argument("run_b", metavar="RUN_B", help="another run directory")
+    p = sub.add_parser("compare", help="two runs side by side: config, before/after, training, paired test; or two "
+                       "evaluations of the same problems, paired")
+    p.add_argument("run_a", metavar="A", help="a run directory (runs/<name>), or an evaluation (eval --output)")
+    p.add_argument("run_b", metavar="B", help="another run directory, or another evaluation of the same problems")
     p.add_argument("--output", default=None, metavar="FILE.md", help="write the markdown here instead of printing")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("plan", help="predict seconds per step, peak memory and wall time of a train command on "

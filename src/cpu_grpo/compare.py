@@ -1,7 +1,10 @@
-"""`cpu-grpo compare RUN_A RUN_B`: two runs side by side, as markdown.
+"""`cpu-grpo compare A B`: two runs, or two evaluations, side by side, as markdown.
 
-The config fields that differ, each run's before/after table, its final training numbers, its forgetting
-matrix, and, when both runs evaluated the same problems after training, a paired test of B against A.
+Two run directories: the config fields that differ, each run's before/after table, its final training numbers,
+its forgetting matrix, and, when both runs evaluated the same problems after training, a paired test of B against
+A. Two evaluation files (`cpu-grpo eval --output`, such as a base model and a trained checkpoint on GSM8K): every
+metric of each level (every extractor, lm-eval's strict-match and flexible-extract among them) on the problems
+both evaluated, paired.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def check_run(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_dir() or not any((p / f).exists() for f in RUN_FILES):
         raise RunError(f"{path} is not a run directory (no {', '.join(RUN_FILES)} in it): pass a directory "
-                       "written by `cpu-grpo train`, such as runs/<run-name>.")
+                       "written by `cpu-grpo train`, such as runs/<run-name> (or two evaluation files).")
     return p
 
 
@@ -121,8 +124,31 @@ def _paired_section(a: Path, b: Path) -> list[str]:
     return head + [text, *sentences, ""]
 
 
+def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
+    """Markdown comparing two evaluations of the same problems (records matched by id): B against A."""
+    from .evaltables import metric_summary, metric_table
+
+    a, b = read_jsonl(file_a), read_jsonl(file_b)
+    if not a or not b or any("id" not in r or "correct" not in r for r in a + b):
+        raise RunError(f"{file_a} or {file_b} is not an evaluation: pass two files written by "
+                       "`cpu-grpo eval --output FILE.jsonl` (or a run's eval_before.jsonl and eval_after.jsonl).")
+    shared = {r["id"] for r in a} & {r["id"] for r in b}
+    if not shared:
+        raise RunError(f"{file_a} and {file_b} share no problem: evaluate both with the same --task, --n and --seed.")
+    a, b = [r for r in a if r["id"] in shared], [r for r in b if r["id"] in shared]
+    summary = metric_summary(a, b)
+    sentences = [stats.significance_sentence(e["correct"]["delta"], f"{level}, B vs A")
+                 for level, e in summary.items() if "delta" in e.get("correct", {})]
+    return "\n".join([f"# Evaluation A `{Path(file_a).name}` against evaluation B `{Path(file_b).name}`", "",
+                      f"- A: `{file_a}`", f"- B: `{file_b}`",
+                      f"- {len(shared)} problems evaluated by both (paired; 'before' is A, 'after' is B)", "",
+                      metric_table(summary), *sentences, ""])
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path) -> str:
-    """Markdown comparing two run directories; RunError if either is not one."""
+    """Markdown comparing two run directories, or two evaluation files; RunError if they are neither."""
+    if Path(run_a).is_file() and Path(run_b).is_file():
+        return compare_evals(run_a, run_b)
     a, b = check_run(run_a), check_run(run_b)
     lines = [f"# Run A `{a.name}` against run B `{b.name}`", "", f"- A: `{a}`", f"- B: `{b}`", ""]
     lines += _config_section(a, b) + _runs_section(a, b) + _paired_section(a, b)
