@@ -236,6 +236,16 @@ def plan(cfg: TrainConfig) -> list[Stage]:
     return out
 
 
+def eval_limits(cfg: TrainConfig) -> dict[str, int]:
+    """The completion limit of each held-out set (each stage's task, then eval_task's entries): its stage's
+    max_new_tokens where the stage sets one (the largest, if several train on it), else eval_max_new_tokens."""
+    own: dict[str, int] = {}
+    for s in plan(cfg):
+        own[s.task] = max(own.get(s.task, 0), s.max_new_tokens)
+    tasks = [s.task for s in plan(cfg)] + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
+    return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}
+
+
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 PROFILES: dict[str, dict] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import loaders, stats, tasks
-from .config import Stage, TrainConfig, plan
+from .config import Stage, TrainConfig, eval_limits, plan
 from .tracking import read_jsonl, stage_eval_path
 
 EWC_FILE = "ewc.safetensors"
@@ -27,12 +27,6 @@ EWC_FILE = "ewc.safetensors"
 # ---------------------------------------------------------------------------- data of a stage
 def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
     return loaders.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
-
-
-def eval_specs(cfg: TrainConfig) -> list[str]:
-    """Every held-out set of a run: each stage's task, then eval_task's entries, without repeats."""
-    specs = [s.task for s in plan(cfg)] + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
-    return list(dict.fromkeys(specs))
 
 
 @dataclass(frozen=True)
@@ -45,16 +39,12 @@ class HeldOut:
 
 
 def held_out(cfg: TrainConfig) -> list[HeldOut]:
-    """The evaluation sets: eval_size problems from the test split of each task (seed + 1), never trained on; each
-    at its stage's max_new_tokens where the stage sets one (the largest, if several train on it), else at
-    eval_max_new_tokens."""
+    """The evaluation sets (each stage's task, then eval_task's entries, at their limits: config.eval_limits):
+    eval_size problems from the test split of each (seed + 1), never trained on."""
     if cfg.eval_size == 0:
         return []
-    limits: dict[str, int] = {}
-    for stage in plan(cfg):
-        limits[stage.task] = max(limits.get(stage.task, 0), stage.max_new_tokens)
-    return [HeldOut(spec, load(cfg, spec, cfg.eval_size, cfg.seed + 1, "test"),
-                    limits.get(spec) or cfg.eval_max_new_tokens) for spec in eval_specs(cfg)]
+    return [HeldOut(task, load(cfg, task, cfg.eval_size, cfg.seed + 1, "test"), limit)
+            for task, limit in eval_limits(cfg).items()]
 
 
 def validation(cfg: TrainConfig, stage: Stage) -> list[tasks.Example]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .config import TrainConfig, plan
+from .config import TrainConfig, eval_limits, plan
 
 # fractions of the measured peak that each phase reaches, and fixed costs; to be fitted by bench/planner.py
 EFFICIENCY = {
@@ -168,9 +168,7 @@ def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len:
         return 0.0
     e = EFFICIENCY
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    limits: dict[str, int] = {t: cfg.eval_max_new_tokens for t in cfg.eval_task.split(",") if t}
-    for s in plan(cfg):
-        limits[s.task] = max(s.max_new_tokens or cfg.eval_max_new_tokens, limits.get(s.task, 0))
+    limits = eval_limits(cfg)
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
     total = 0.0
     for limit in set(limits.values()):
