@@ -21,6 +21,7 @@ against them (bench/RESULTS.md, 2026-11-24): seconds per step within 25% on 7 of
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from .config import TrainConfig, eval_limits, plan
@@ -168,11 +169,10 @@ def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len:
         return 0.0
     e = EFFICIENCY
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    limits = eval_limits(cfg)
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
     total = 0.0
-    for limit in set(limits.values()):
-        problems = cfg.eval_size * list(limits.values()).count(limit)
+    for limit, sets in Counter(eval_limits(cfg).values()).items():
+        problems = cfg.eval_size * sets
         batches = -(-problems // 64)
         rows = -(-problems // batches)
         decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),

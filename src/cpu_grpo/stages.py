@@ -12,7 +12,7 @@ import torch
 
 from . import curriculum, evaluate, tasks
 from .batching import group_logprobs
-from .config import Stage
+from .config import Stage, eval_limits
 from .rollout import encode_prompts
 from .runstate import Run, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
@@ -61,7 +61,8 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     """Validation accuracy when a promotion check is due (else None)."""
     if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
         return None
-    records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, stage.max_new_tokens)], None, log=lambda *a: None)
+    limit = eval_limits(r.cfg)[stage.task]  # the limit its held-out set is evaluated at
+    records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, limit)], None, log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 
 
