@@ -32,6 +32,8 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
     assert predict(base, shapes, MACHINE, completion_len=48).step_s < p.step_s
     evaluated = predict(config.build(None, None, {**base.to_dict(), "eval_size": 100}), shapes, MACHINE)
     assert evaluated.eval_s > 0 and evaluated.wall_s > p.wall_s
+    long_eval = config.build(None, None, {**base.to_dict(), "eval_size": 400, "eval_max_new_tokens": 4096})
+    assert predict(long_eval, shapes, MACHINE).peak_gb > p.peak_gb  # an evaluation batch's KV cache is the peak
 
 
 def test_fit_budget_proposes_only_settings_that_fit(tiny_model):

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .config import TrainConfig, eval_limits, plan
+from .evaluate import EVAL_BATCH
 
 # fractions of the measured peak that each phase reaches, and fixed costs; to be fitted by bench/planner.py
 EFFICIENCY = {
@@ -153,18 +154,27 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
         weights += 4 * p  # the frozen reference
     rows = cfg.prompts_per_step * cfg.num_generations
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_cache = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d * (rows * completion_len
-                                                                            + cfg.prompts_per_step * prompt_len)
+    kv_token = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d  # bf16 keys and values of one token
+    sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len)  # a rollout's KV cache
+    for limit, sets in Counter(eval_limits(cfg).values()).items() if cfg.eval_size else ():
+        _, n = _eval_batches(cfg.eval_size * sets)  # an evaluation batch: its KV cache and fp32 logits
+        sampling = max(sampling, kv_token * n * (prompt_len + limit) + 4 * shapes.vocab * n)
     micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
     groups = max(1, micro // cfg.num_generations)
     activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, groups))
     logits = 4 * shapes.vocab * 1024 * 2  # a chunk of fp32 logits and its softmax
-    return (EFFICIENCY["process_gb"] * 2**30 + weights + max(kv_cache, activations + logits)) / 2**30
+    return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
+
+
+def _eval_batches(problems: int) -> tuple[int, int]:
+    """How many equal evaluation batches `problems` make, and their rows (evaluate.run_eval)."""
+    batches = max(1, -(-problems // EVAL_BATCH))
+    return batches, -(-problems // batches)
 
 
 def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
-    """The greedy evaluations: the held-out sets of each completion limit in equal batches of at most 64 problems,
-    every completion at that limit (an upper bound)."""
+    """The greedy evaluations: the held-out sets of each completion limit in equal batches of at most EVAL_BATCH
+    problems, every completion at that limit (an upper bound)."""
     if cfg.eval_size == 0:
         return 0.0
     e = EFFICIENCY
@@ -172,9 +182,7 @@ def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len:
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
     total = 0.0
     for limit, sets in Counter(eval_limits(cfg).values()).items():
-        problems = cfg.eval_size * sets
-        batches = -(-problems // 64)
-        rows = -(-problems // batches)
+        batches, rows = _eval_batches(cfg.eval_size * sets)
         decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
                      2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
         total += batches * limit * (decode + shapes.layers * e["layer_overhead_s"])
