@@ -11,8 +11,8 @@ limit (the worst case; `--completion-len` for another assumption):
   weight gradient for the frozen base), prompts run once per group, plus the optimizer's pass over the
   trainable weights;
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
-  with LoRA), the sampler's bf16 copy and KV cache, the activations the backward keeps (batching.py), and the
-  process itself.
+  with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's), the activations the
+  backward keeps (batching.py), and the process itself.
 The constants (`EFFICIENCY`) are first estimates, not yet fitted. bench/planner.py measures 8 configurations
 against them (bench/RESULTS.md, 2026-11-24): seconds per step within 25% on 7 of 8 (256-token decoding of a
 30-layer model runs ~2x slower than predicted), peak memory within 25% on 6 of 8 (0.5B LoRA: ~30% over).
