@@ -20,6 +20,12 @@ from . import answers, metrics, stats, tasks
 EVAL_BATCH = 200
 
 
+def equal_batches(problems: int, most: int = EVAL_BATCH) -> tuple[int, int]:
+    """How many batches of at most `most` problems `problems` need, and the rows of each (equal: no small tail)."""
+    batches = max(1, -(-problems // most))
+    return batches, max(1, -(-problems // batches))
+
+
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
              batch_size: int = EVAL_BATCH) -> list[dict]:
     """One completion for every example (greedy: `sampling` with temperature 0), each appended to the question
@@ -31,7 +37,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     if not use_mv:
         log("  note: math-verify is not installed, so correct_math_verify stays empty (pip install math-verify)")
     records, t0 = [], time.time()
-    batch_size = -(-len(examples) // -(-len(examples) // batch_size)) if examples else 1  # equal batches: no small tail
+    batch_size = equal_batches(len(examples), batch_size)[1]
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
         prompts = encode_prompts(tok, [ex.question for ex in part], instruction)

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .config import TrainConfig, eval_limits, plan
-from .evaluate import EVAL_BATCH
+from .evaluate import equal_batches
 
 # fractions of the measured peak that each phase reaches, and fixed costs; to be fitted by bench/planner.py
 EFFICIENCY = {
@@ -157,7 +157,7 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     kv_token = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d  # bf16 keys and values of one token
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len)  # a rollout's KV cache
     for limit, sets in Counter(eval_limits(cfg).values()).items() if cfg.eval_size else ():
-        _, n = _eval_batches(cfg.eval_size * sets)  # an evaluation batch: its KV cache and fp32 logits
+        _, n = equal_batches(cfg.eval_size * sets)  # an evaluation batch: its KV cache and fp32 logits
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + 4 * shapes.vocab * n)
     micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
     groups = max(1, micro // cfg.num_generations)
@@ -166,15 +166,9 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
 
 
-def _eval_batches(problems: int) -> tuple[int, int]:
-    """How many equal evaluation batches `problems` make, and their rows (evaluate.run_eval)."""
-    batches = max(1, -(-problems // EVAL_BATCH))
-    return batches, -(-problems // batches)
-
-
 def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
-    """The greedy evaluations: the held-out sets of each completion limit in equal batches of at most EVAL_BATCH
-    problems, every completion at that limit (an upper bound)."""
+    """The greedy evaluations: the held-out sets of each completion limit in equal batches (evaluate.equal_batches),
+    every completion at that limit (an upper bound)."""
     if cfg.eval_size == 0:
         return 0.0
     e = EFFICIENCY
@@ -182,7 +176,7 @@ def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len:
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
     total = 0.0
     for limit, sets in Counter(eval_limits(cfg).values()).items():
-        batches, rows = _eval_batches(cfg.eval_size * sets)
+        batches, rows = equal_batches(cfg.eval_size * sets)
         decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
                      2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
         total += batches * limit * (decode + shapes.layers * e["layer_overhead_s"])
