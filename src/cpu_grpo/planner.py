@@ -156,8 +156,7 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_token = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d  # bf16 keys and values of one token
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len)  # a rollout's KV cache
-    for limit, sets in Counter(eval_limits(cfg).values()).items() if cfg.eval_size else ():
-        _, n = equal_batches(cfg.eval_size * sets)  # an evaluation batch: its KV cache and fp32 logits
+    for limit, _, n in eval_batches(cfg):  # an evaluation batch: its KV cache and fp32 logits
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + 4 * shapes.vocab * n)
     micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
     groups = max(1, micro // cfg.num_generations)
@@ -166,17 +165,21 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
 
 
-def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
-    """The greedy evaluations: the held-out sets of each completion limit in equal batches (evaluate.equal_batches),
-    every completion at that limit (an upper bound)."""
+def eval_batches(cfg: TrainConfig) -> list[tuple[int, int, int]]:
+    """(completion limit, batches, rows a batch) of a run's evaluation: the held-out sets of one limit share equal
+    batches (evaluate.equal_batches); none without held-out sets."""
     if cfg.eval_size == 0:
-        return 0.0
+        return []
+    return [(limit, *equal_batches(cfg.eval_size * sets)) for limit, sets in Counter(eval_limits(cfg).values()).items()]
+
+
+def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
+    """The greedy evaluations (eval_batches), every completion at its limit (an upper bound)."""
     e = EFFICIENCY
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
     total = 0.0
-    for limit, sets in Counter(eval_limits(cfg).values()).items():
-        batches, rows = equal_batches(cfg.eval_size * sets)
+    for limit, batches, rows in eval_batches(cfg):
         decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
                      2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
         total += batches * limit * (decode + shapes.layers * e["layer_overhead_s"])
