@@ -3,16 +3,23 @@
     .venv/bin/python bench/engine.py                       # SmolLM2-135M, default grid
     .venv/bin/python bench/engine.py --grid 4x8x128 8x8x96  # prompts x samples x new tokens
 
-The bf16 matmul peak is measured in the same run (large square matmuls), and the training pass is reported
-as a fraction of it: 6 * parameters * tokens FLOPs for forward + backward (prompt tokens counted once per
-group, since the engine runs them once). Run on an idle machine.
+The bf16 matmul peak and the memory bandwidth are measured in the same run (planner.Machine), and each phase is
+reported as a fraction of its limit (issue 13), the time it would take at the machine's limits:
+- rollout: the prefill's matmul FLOPs (2 x matmul weights x prompt tokens) at the bf16 peak, then for each decode
+  step the larger of its matmul FLOPs (2 x matmul weights x the rows still alive) at the peak and the bf16 weights
+  it must read (2 bytes x matmul weights) at the bandwidth;
+- update: 6 x matmul weights x tokens FLOPs for forward + backward (prompt tokens counted once per group, since
+  the engine runs them once) at the peak;
+- step: both limits over both times. Run on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -21,6 +28,7 @@ from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.doctor import matmul_gflops
 from cpu_grpo.models import keep_freed_memory, load_model, set_threads
+from cpu_grpo.planner import Machine, Shapes
 from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 
 
@@ -43,18 +51,39 @@ def decode_linear_bound(model, rows: int, reps: int = 5) -> float:
     return rows / min(_timed(step) for _ in range(reps))
 
 
+def _anon_huge_mb() -> float:
+    """Anonymous memory of this process backed by transparent huge pages (Linux), in MB."""
+    try:
+        text = Path("/proc/self/smaps_rollup").read_text()
+    except OSError:
+        return float("nan")
+    return next((int(line.split()[1]) / 1024 for line in text.splitlines() if line.startswith("AnonHugePages:")),
+                float("nan"))
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
-def bench_cell(model, tok, sampler, b: int, g: int, new: int, reps: int) -> dict:
+def limits(shapes: Shapes, machine: Machine, prompts: list[list[int]], comps: list[list[int]]) -> tuple:
+    """Seconds of the rollout and of the update at the machine's limits (the module docstring says how)."""
+    peak, bw, mp = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9, shapes.matmul_params
+    prompt_tokens = sum(len(p) for p in prompts)
+    decode = sum(max(2 * mp * sum(len(c) > s for c in comps) / peak, 2 * mp / bw)
+                 for s in range(max(len(c) for c in comps)))
+    rollout = 2 * mp * prompt_tokens / peak + decode
+    update = 6 * mp * (prompt_tokens + sum(len(c) for c in comps)) / peak
+    return rollout, update
+
+
+def bench_cell(model, tok, sampler, machine: Machine, b: int, g: int, new: int, reps: int) -> dict:
     cfg = TrainConfig()
     problems = tasks.generate("basic", b * (reps + 1), seed=7)
     stops, pad = stop_ids(tok, model), tok.pad_token_id
-    n_params = sum(p.numel() for p in model.parameters())
-    roll, train = [], []
+    shapes = Shapes.of(model.config)
+    roll, train, frac = [], [], []
     for r in range(reps + 1):  # the first repetition warms up
         prompts = encode_prompts(tok, [p.question for p in problems[r * b:(r + 1) * b]], cfg.instruction)
         gen = torch.Generator().manual_seed(r)
@@ -71,12 +100,16 @@ def bench_cell(model, tok, sampler, b: int, g: int, new: int, reps: int) -> dict
         seq_tokens = sum(len(p) * g for p in prompts) + n_comp
         engine_tokens = sum(len(p) for p in prompts) + n_comp
         if r:
+            lim_roll, lim_train = limits(shapes, machine, prompts, comps)
             roll.append(n_comp / t_roll)
-            train.append((seq_tokens / t_train, 6 * n_params * engine_tokens / t_train / 1e9))
+            train.append((seq_tokens / t_train, 6 * shapes.matmul_params * engine_tokens / t_train / 1e9))
+            frac.append((lim_roll / t_roll, lim_train / t_train, (lim_roll + lim_train) / (t_roll + t_train)))
     return {"cell": f"{b}x{g}x{new}", "rollout_tok_s": statistics.median(roll),
             "decode_bound_tok_s": decode_linear_bound(model, b * g),
             "train_tok_s": statistics.median(t for t, _ in train),
-            "train_gflops": statistics.median(f for _, f in train)}
+            "train_gflops": statistics.median(f for _, f in train),
+            **{k: statistics.median(f[i] for f in frac) for i, k in enumerate(("rollout_of_limit",
+                                                                               "update_of_limit", "step_of_limit"))}}
 
 
 def main() -> None:
@@ -88,19 +121,26 @@ def main() -> None:
     threads = set_threads()
     keep_freed_memory()
     peak16, peak32 = matmul_gflops(torch.bfloat16, 2.0, n=2048), matmul_gflops(torch.float32, 2.0, n=2048)
+    machine = Machine(peak16, Machine.measure(1.0).bandwidth_gbs)  # the peak of large square matmuls
     model, tok = load_model(args.model, log=lambda *a: None)
     model.train()
     sampler = Sampler(model)
-    rows = [bench_cell(model, tok, sampler, *map(int, cell.split("x")), args.reps) for cell in args.grid]
-    print(f"threads {threads}; matmul peak: bf16 {peak16:.0f} GFLOP/s, fp32 {peak32:.0f} GFLOP/s\n")
+    rows = [bench_cell(model, tok, sampler, machine, *map(int, cell.split("x")), args.reps) for cell in args.grid]
+    print(f"threads {threads}; matmul peak: bf16 {peak16:.0f} GFLOP/s, fp32 {peak32:.0f} GFLOP/s; memory copy "
+          f"{machine.bandwidth_gbs:.0f} GB/s\n")
     print("| prompts x samples x new tokens | rollout tok/s | decode bound tok/s | of bound | training tok/s | "
-          "training GFLOP/s | of bf16 peak |")
-    print("|---|---|---|---|---|---|---|")
+          "training GFLOP/s | of bf16 peak | rollout of its limit | update of its limit | step of its limit |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['cell']} | {r['rollout_tok_s']:.0f} | {r['decode_bound_tok_s']:.0f} | "
               f"{100 * r['rollout_tok_s'] / r['decode_bound_tok_s']:.0f}% | {r['train_tok_s']:.0f} | "
-              f"{r['train_gflops']:.0f} | {100 * r['train_gflops'] / peak16:.0f}% |")
+              f"{r['train_gflops']:.0f} | {100 * r['train_gflops'] / peak16:.0f}% | {r['rollout_of_limit']:.0%} | "
+              f"{r['update_of_limit']:.0%} | {r['step_of_limit']:.0%} |")
     print("\ndecode bound: every row alive, nothing but the bf16 weight matmuls of one decode step (an upper bound)")
+    print(f"transparent huge pages in this process: {_anon_huge_mb():.0f} MB (THP_MEM_ALLOC_ENABLE="
+          f"{os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')})")
+    print("limit: the phase's matmul FLOPs at the bf16 peak, or a decode step's weight bytes at the memory copy "
+          "bandwidth where that is longer (the module docstring)")
 
 
 if __name__ == "__main__":

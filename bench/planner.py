@@ -1,7 +1,8 @@
 """The planner against measurement: predicted and measured seconds per step and peak RSS over 8 configurations.
 
-    .venv/bin/python bench/planner.py            # all configurations, ~25 minutes on 2 cores; run it alone
-    .venv/bin/python bench/planner.py --only 0 3
+    .venv/bin/python bench/planner.py --set check   # the 8 configurations the constants were not fitted on
+    .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (session 8's); ~15 minutes each
+    .venv/bin/python bench/planner.py --set check --only 0 3
 
 Each configuration trains for --steps steps in its own process (its peak RSS is its own) with every completion
 at the token limit (no stop token) and a pseudo-random reward (no group skipped), which is what the planner
@@ -20,31 +21,43 @@ import tempfile
 import zlib
 from pathlib import Path
 
-CONFIGS = [  # (model, LoRA, prompts, samples, new tokens)
-    ("smollm2-135m", False, 4, 4, 64),
-    ("smollm2-135m", False, 8, 8, 96),
-    ("smollm2-135m", False, 4, 8, 128),
-    ("smollm2-135m", True, 8, 8, 96),
-    ("smollm2-135m", True, 4, 4, 256),
-    ("qwen2.5-coder-0.5b", True, 2, 8, 128),
-    ("qwen2.5-coder-0.5b", True, 4, 8, 256),
-    ("qwen2.5-coder-0.5b", False, 2, 4, 64),
-]
+SETS = {  # (model, LoRA, prompts, samples, new tokens)
+    "fit": [  # planner.EFFICIENCY's decode constants are fitted to these (session 8's measurements)
+        ("smollm2-135m", False, 4, 4, 64),
+        ("smollm2-135m", False, 8, 8, 96),
+        ("smollm2-135m", False, 4, 8, 128),
+        ("smollm2-135m", True, 8, 8, 96),
+        ("smollm2-135m", True, 4, 4, 256),
+        ("qwen2.5-coder-0.5b", True, 2, 8, 128),
+        ("qwen2.5-coder-0.5b", True, 4, 8, 256),
+        ("qwen2.5-coder-0.5b", False, 2, 4, 64),
+    ],
+    "check": [  # other shapes, never fitted on
+        ("smollm2-135m", False, 2, 8, 64),
+        ("smollm2-135m", False, 8, 4, 128),
+        ("smollm2-135m", False, 2, 16, 96),
+        ("smollm2-135m", True, 4, 8, 192),
+        ("smollm2-135m", True, 2, 4, 128),
+        ("qwen2.5-coder-0.5b", True, 2, 4, 192),
+        ("qwen2.5-coder-0.5b", True, 4, 4, 128),
+        ("qwen2.5-coder-0.5b", False, 1, 4, 96),
+    ],
+}
 
 
 def varied_reward(completions, **kwargs) -> list[float]:
     return [(zlib.crc32(str(c).encode()) % 1000) / 1000 for c in completions]
 
 
-def fields(i: int, steps: int, out: str) -> dict:
-    model, lora, b, g, t = CONFIGS[i]
+def fields(config: tuple, steps: int, out: str) -> dict:
+    model, lora, b, g, t = config
     return dict(model=model, use_lora=lora, prompts_per_step=b, num_generations=g, max_new_tokens=t, steps=steps,
                 task="basic", train_size=64, eval_size=0, save_every=0, learning_rate=1e-6, output_dir=out,
                 score_truncated=True,  # every completion is cut at the limit here: score it, or no group trains
                 rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0])
 
 
-def child(i: int, steps: int) -> dict:
+def child(config: tuple, steps: int) -> dict:
     from cpu_grpo import runstate
     from cpu_grpo.config import build
     from cpu_grpo.tracking import read_jsonl
@@ -52,7 +65,7 @@ def child(i: int, steps: int) -> dict:
 
     runstate.stop_ids = lambda tok, model: ()  # no stop token: every completion has max_new_tokens
     with tempfile.TemporaryDirectory(prefix="planner_") as tmp:
-        rows = read_jsonl(train(build(None, None, fields(i, steps, str(Path(tmp) / "run"))),
+        rows = read_jsonl(train(build(None, None, fields(config, steps, str(Path(tmp) / "run"))),
                                 log=lambda *a: print(*a, file=sys.stderr)) / "metrics.jsonl")
     last = rows[-1]
     return {"step": last["step_seconds"], "rollout": last["time_rollout"], "update": last["time_update"],
@@ -61,13 +74,14 @@ def child(i: int, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", choices=sorted(SETS), default="check")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--only", type=int, nargs="*", default=None)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         with contextlib.redirect_stdout(sys.stderr):
-            result = child(args.child, args.steps)
+            result = child(SETS[args.set][args.child], args.steps)
         print(json.dumps(result))
         return
     import os
@@ -77,22 +91,24 @@ def main() -> None:
 
     print(f"load average at the start: {os.getloadavg()[0]:.2f} (run it alone)")
     first = Machine.measure(2.0)
-    todo = args.only if args.only is not None else range(len(CONFIGS))
+    configs = SETS[args.set]
+    todo = args.only if args.only is not None else range(len(configs))
     measured = {}
     for i in todo:
-        out = subprocess.run([sys.executable, __file__, "--child", str(i), "--steps", str(args.steps)],
+        out = subprocess.run([sys.executable, __file__, "--set", args.set, "--child", str(i), "--steps",
+                              str(args.steps)],
                              capture_output=True, text=True, check=True)
         measured[i] = json.loads(out.stdout.strip().splitlines()[-1])
     last = Machine.measure(2.0)  # twice, so that one disturbed measurement (a process still exiting) shows
     machine = max(first, last, key=lambda m: m.bf16_gflops)
     for name, m in (("start", first), ("end", last)):
         print(f"machine at the {name}: bf16 {m.bf16_gflops:.0f} GFLOP/s, copy {m.bandwidth_gbs:.1f} GB/s")
-    print(f"predictions with the faster: {machine.bf16_gflops:.0f} GFLOP/s\n")
+    print(f"predictions with the faster: {machine.bf16_gflops:.0f} GFLOP/s; the {args.set} set\n")
     print("| model | training | B x G x T | predicted s/step (rollout + update) | measured | error | predicted peak "
           "| measured | error |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
     for i in todo:
-        model, lora, b, g, t = CONFIGS[i]
-        p = predict(build(None, None, fields(i, args.steps, "unused")), Shapes.of_model(model), machine)
+        model, lora, b, g, t = configs[i]
+        p = predict(build(None, None, fields(configs[i], args.steps, "unused")), Shapes.of_model(model), machine)
         m = measured[i]
         print(f"| {model} | {'LoRA' if lora else 'full'} | {b}x{g}x{t} | {p.step_s:.1f} ({p.rollout_s:.1f} + "
               f"{p.update_s:.1f}) | {m['step']:.1f} ({m['rollout']:.1f} + {m['update']:.1f}) | "

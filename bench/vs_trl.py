@@ -2,13 +2,15 @@
 
     .venv-bench/bin/python bench/vs_trl.py                      # TRL "fast" setup vs ours (bench/requirements.txt)
     .venv-bench/bin/python bench/vs_trl.py --trl-setup both --out vs_trl.json
+    .venv-bench/bin/python bench/vs_trl.py --workload demo      # the demo's shape: 8 x 8 x 96, temperature 0.7
     .venv-bench/bin/python bench/vs_trl.py --steps 2 --prompts 2 --generations 2 --max-new-tokens 16   # smoke run
 
 Each trainer runs in its own subprocess, so its peak RSS is its own; the child prints its numbers as JSON on its
 last stdout line. How the two are made to do the same work:
 1. The same model directory (`resolve_model`), fp32 master weights, full fine-tuning, AdamW at a constant learning
    rate, gradient clipping at 1.0, beta 0 (no reference model), loss_type "dapo", group-std advantages,
-   rewards correctness + 0.2 * format, temperature 1.0 with top-k and top-p off.
+   rewards correctness + 0.2 * format (a completion cut at the limit scored like any other, as TRL does:
+   `score_truncated`), the workload's temperature with top-k and top-p off.
 2. The same prompts in every step: TRL gets the problems in the order our loop visits them (train.py's seeded
    randperm) with shuffle_dataset=False; the children report the questions of each step and the output says whether
    they matched.
@@ -40,6 +42,12 @@ REWARD_WEIGHTS = [1.0, 0.2]  # correctness_reward, format_reward
 SETUPS = {  # --trl-setup: what each TRL setup changes from the shared config
     "fast": {"bf16": True, "gradient_checkpointing": False},
     "default": {"bf16": False, "gradient_checkpointing": True},
+}
+WORKLOADS = {  # --workload: prompts, samples, new tokens, temperature, steps (warm-up included), learning rate
+    "default": dict(prompts=4, generations=8, max_new_tokens=128, temperature=1.0, steps=4, learning_rate=1e-6),
+    # like `cpu-grpo demo`: a learning rate that learns, so groups whose rewards are all equal occur as in training
+    # (ours skips them in the update, TRL runs them)
+    "demo": dict(prompts=8, generations=8, max_new_tokens=96, temperature=0.7, steps=11, learning_rate=2e-5),
 }
 SETUP_TEXT = {"fast": "fast: bf16 autocast, no grad ckpt", "default": "default: fp32, grad ckpt",
               "ours": "bf16 rollouts + autocast, no grad ckpt"}
@@ -77,7 +85,7 @@ def trl_config_kwargs(args, out_dir: str) -> dict:
         "per_device_train_batch_size": b * g, "gradient_accumulation_steps": 1, "num_generations": g,
         "steps_per_generation": 1, "shuffle_dataset": False, "dataloader_num_workers": 0,
         # sampling
-        "max_completion_length": args.max_new_tokens, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+        "max_completion_length": args.max_new_tokens, "temperature": args.temperature, "top_k": 0, "top_p": 1.0,
         # GRPO loss
         "beta": 0.0, "loss_type": "dapo", "scale_rewards": "group", "epsilon": 0.2, "epsilon_high": 0.2,
         "num_iterations": 1, "mask_truncated_completions": False, "reward_weights": REWARD_WEIGHTS,
@@ -133,6 +141,8 @@ def run_trl(args) -> dict:
             "completion_len": [r["completions/mean_length"] for r in logs],
             "completions_per_step": args.prompts * args.generations,
             "reward": [r.get("reward") for r in logs], "questions": questions,
+            "frac_zero_std": [r.get("frac_reward_zero_std") for r in logs],
+            "frac_skipped": [0.0 for _ in logs],  # TRL runs forward and backward on every group
             "config_set": resolved, "config_derived": {k: _plain(getattr(config, k, None)) for k in derived},
             "model_dtype": str(next(trainer.model.parameters()).dtype), "model_checkpointing": timer.checkpointing,
             "trl_default_bf16": _trl_default_bf16(GRPOConfig),
@@ -202,9 +212,10 @@ def run_ours(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="vs_trl_ours_") as tmp:
         cfg = TrainConfig(model=args.model, task="basic", train_size=args.train_size, eval_size=0, steps=args.steps,
                           prompts_per_step=args.prompts, num_generations=args.generations,
-                          max_new_tokens=args.max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
+                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=0, top_p=1.0,
                           learning_rate=args.learning_rate, beta=0.0, loss_type="dapo", scale_rewards="group",
-                          rewards=["correctness", "format"], reward_weights=REWARD_WEIGHTS, save_every=0,
+                          rewards=["correctness", "format"], reward_weights=REWARD_WEIGHTS, score_truncated=True,
+                          save_every=0,
                           output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads)
         run = train(cfg, log=log)
         rows = read_jsonl(run / "metrics.jsonl")
@@ -216,6 +227,7 @@ def run_ours(args) -> dict:
         "step_seconds": [r["step_seconds"] for r in rows], "peak_rss_mb_steps": rows[-1]["peak_rss_mb"],
         "completion_len": [r["completion_len"] for r in rows], "completions_per_step": args.prompts * args.generations,
         "reward": [r["reward"] for r in rows], "questions": [sorted(by_step[s]) for s in sorted(by_step)],
+        "frac_zero_std": [r["frac_zero_std"] for r in rows], "frac_skipped": [r["frac_skipped"] for r in rows],
         "rollout_tok_s": [r["rollout_tok_s"] for r in rows], "train_tok_s": [r["train_tok_s"] for r in rows],
         "config_set": cfg.to_dict(),
     }
@@ -235,7 +247,8 @@ def child_main(args) -> None:
 def run_child(args, which: str, setup: str) -> dict | None:
     cmd = [sys.executable, __file__, "--child", which, "--setup", setup, "--model", args.model,
            "--prompts", str(args.prompts), "--generations", str(args.generations),
-           "--max-new-tokens", str(args.max_new_tokens), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
+           "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--learning-rate", str(args.learning_rate), "--train-size", str(args.train_size),
            "--threads", str(args.threads)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -262,16 +275,24 @@ def summarise(r: dict, warmup: int) -> dict:
         "s_per_step": statistics.median(secs), "completion_tok_s": sum(tokens) / sum(secs),
         "peak_rss_mb": r["peak_rss_mb_steps"], "completion_len": statistics.fmean(lens),
         "reward": statistics.fmean(x for x in r["reward"][warmup:] if x is not None),
+        "frac_zero_std": _mean(r.get("frac_zero_std", [])[warmup:]),
+        "frac_skipped": _mean(r.get("frac_skipped", [])[warmup:]),
     }
+
+
+def _mean(values: list) -> float:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else float("nan")
 
 
 def table(rows: list[dict], trl_version: str) -> str:
     out = ["| trainer | setup | s/step (median) | completion tok/s | peak RSS MB | mean completion length "
-           "| reward mean |", "|---|---|---:|---:|---:|---:|---:|"]
+           "| reward mean | groups all-equal | groups skipped |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in rows:
         name = "cpu_grpo (ours)" if s["trainer"] == "ours" else f"TRL {trl_version}"
         out.append(f"| {name} | {SETUP_TEXT[s['setup']]} | {s['s_per_step']:.2f} | {s['completion_tok_s']:.1f} | "
-                   f"{s['peak_rss_mb']:.0f} | {s['completion_len']:.1f} | {s['reward']:.3f} |")
+                   f"{s['peak_rss_mb']:.0f} | {s['completion_len']:.1f} | {s['reward']:.3f} | "
+                   f"{s['frac_zero_std']:.0%} | {s['frac_skipped']:.0%} |")
     return "\n".join(out)
 
 
@@ -293,13 +314,17 @@ def same_prompts(results: list[dict]) -> bool:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="alias, local HF directory or hub id (resolve_model)")
-    p.add_argument("--prompts", type=int, default=4, help="prompts per step (B)")
-    p.add_argument("--generations", type=int, default=8, help="samples per prompt (G)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="completion length limit")
-    p.add_argument("--steps", type=int, default=4, help="optimizer steps in all, warm-up included")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="default",
+                   help="the shape of the steps; the options below change it")
+    p.add_argument("--prompts", type=int, help="prompts per step (B)")
+    p.add_argument("--generations", type=int, help="samples per prompt (G)")
+    p.add_argument("--max-new-tokens", type=int, help="completion length limit")
+    p.add_argument("--temperature", type=float, help="sampling temperature")
+    p.add_argument("--steps", type=int, help="optimizer steps in all, warm-up included")
     p.add_argument("--warmup", type=int, default=1, help="first steps left out of the numbers")
-    p.add_argument("--learning-rate", type=float, default=1e-6)
-    p.add_argument("--train-size", type=int, default=64, help="basic problems generated (seed 0)")
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--train-size", type=int, default=0, help="basic problems generated (seed 0; 0: steps x prompts, "
+                                                              "at least 64)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in both children (0: one per physical core)")
     p.add_argument("--trl-setup", choices=["fast", "default", "both"], default="fast",
                    help="fast: bf16, no gradient checkpointing; default: fp32, gradient checkpointing")
@@ -307,6 +332,10 @@ def parse_args(argv=None):
     p.add_argument("--child", choices=["trl", "ours"], help=argparse.SUPPRESS)
     p.add_argument("--setup", default="fast", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    for k, v in WORKLOADS[args.workload].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.train_size = args.train_size or max(64, args.steps * args.prompts)
     if args.steps <= args.warmup or args.warmup < 0:
         p.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup}): some steps must be measured")
     if args.prompts < 1 or args.generations < 2:
@@ -339,8 +368,9 @@ def main(argv=None) -> int:
     rows = [summarise(r, args.warmup) for r in ok]
     trl_runs = [r for r in ok if r["trainer"] == "trl"]
     trl_version = trl_runs[0]["trl_version"] if trl_runs else "?"
-    print(f"\nGRPO on CPU, {args.prompts} prompts x {args.generations} samples, <= {args.max_new_tokens} new tokens, "
-          f"{args.steps} steps ({args.warmup} warm-up left out), model {args.model}")
+    print(f"\nGRPO on CPU, workload {args.workload}: {args.prompts} prompts x {args.generations} samples, <= "
+          f"{args.max_new_tokens} new tokens, temperature {args.temperature}, lr {args.learning_rate}, {args.steps} "
+          f"steps ({args.warmup} warm-up left out), model {args.model}")
     print(f"load average (1 min) before the runs: {load:.2f} on {os.cpu_count()} CPUs"
           + ("  WARNING: something else is using the CPU, the timings are not comparable" if load > 0.5 else ""))
     print()

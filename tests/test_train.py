@@ -18,7 +18,10 @@ from safetensors.torch import load_file
 
 from cpu_grpo import checkpoint, config
 from cpu_grpo.cli import main
+from cpu_grpo.config import ConfigError
 from cpu_grpo.errors import RunDirError
+from cpu_grpo.models import ModelError
+from cpu_grpo.runstate import TrainingError
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
@@ -84,6 +87,23 @@ def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
     with pytest.raises(RunDirError, match="already holds a run"):
         train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
     assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_a_start_that_fails_leaves_no_run_directory_behind(tmp_path, reward_file):
+    """A model that is not there: the directory this start created goes (the page would list it as a run); a
+    directory that was there before stays, with what it held and a status that says why the start failed."""
+    missing = str(tmp_path / "no-such-model")
+    out = tmp_path / "run"
+    with pytest.raises(ModelError):
+        train(tiny_cfg(missing, out, reward_file, eval_size=0), log=lambda *a: None)
+    assert not out.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(ModelError):
+        train(tiny_cfg(missing, mine, reward_file, eval_size=0), log=lambda *a: None)
+    assert (mine / "notes.txt").read_text() == "mine"
+    assert json.loads((mine / "status.json").read_text())["state"] == "failed"
 
 
 @pytest.mark.parametrize("variant", [dict(beta=0.05, num_iterations=2, loss_type="grpo"),
@@ -295,6 +315,34 @@ def test_a_step_that_can_teach_nothing_is_reported(tiny_model, tmp_path):
     text = "\n".join(map(str, lines))
     assert text.count("every reward function returned None or nan") == 6
     assert text.count("for 5 steps every group's rewards were all equal") == 1
+
+
+FADING = """
+CALLS = [0]
+
+def fading_reward(completions, **kw):
+    CALLS[0] += 1
+    return [len(c) / 10 if CALLS[0] <= 2 else 0.0 for c in completions]
+"""
+
+
+def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives_rotation(tiny_model, tmp_path):
+    """A reward that scores nothing after step 2 (as after a learning rate that wrecked the model): the checkpoints
+    of steps 3-6 say so, the rotation (keep 2) keeps step 2's beside the newest two, and with on_collapse: stop the
+    run stops at step 7 with one sentence naming step 2's checkpoint."""
+    fading = tmp_path / "fading.py"
+    fading.write_text(FADING)
+    out = tmp_path / "run"
+    cfg = tiny_cfg(tiny_model, out, fading, eval_size=0, steps=10, save_every=1, keep_checkpoints=2,
+                   rewards=[f"{fading}:fading_reward"], on_collapse="stop")
+    with pytest.raises(TrainingError, match=r"on_collapse: stop.*step-000002 holds the weights of the last step"):
+        train(cfg, log=lambda *a: None)
+    kept = checkpoint.complete(out / "checkpoints")
+    assert [c.name for c in kept] == ["step-000002", "step-000005", "step-000006"]
+    assert [(c / checkpoint.NO_SIGNAL_FILE).exists() for c in kept] == [False, True, True]
+    assert [m["frac_zero_std"] for m in read_jsonl(out / "metrics.jsonl")][2:] == [1.0] * 4
+    with pytest.raises(ConfigError, match="on_collapse must be warn or stop"):
+        tiny_cfg(tiny_model, out, fading, on_collapse="halt")
 
 
 def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, reward_file):

@@ -92,7 +92,10 @@ class TrainConfig:
     output_dir: str = _f("", "where the run goes (default: runs/<run_name>)")
     run_name: str = _f("", "name of the run (default: the profile and a timestamp)")
     save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
-    keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first)")
+    keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first; the newest one saved after a "
+                                  "step that taught something is kept too)")
+    on_collapse: str = _f("warn", "when every group's rewards have been all equal for 5 steps in a row (nothing is "
+                                  "learned): warn, or stop the run")
     threads: int = _f(0, "torch threads (0: one per physical core)")
     ddp_timeout: int = _f(1800, "seconds a rank waits for the others (torchrun runs) before the run stops with a "
                                 "message naming the rank that failed")
@@ -134,6 +137,7 @@ class TrainConfig:
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
+            (self.on_collapse in ("warn", "stop"), "on_collapse must be warn or stop"),
             (self.ewc_lambda >= 0 and self.fisher_samples >= 1, "ewc_lambda must be >= 0 and fisher_samples >= 1"),
             (self.promote_every >= 1 and self.promote_size >= 1, "promote_every and promote_size must be >= 1"),
             (not unknown_trackers, f"report_to takes tensorboard, trackio, wandb, not {', '.join(unknown_trackers)}"),

@@ -6,16 +6,18 @@ limit (the worst case; `--completion-len` for another assumption):
 
 - rollout: one prefill of each prompt, then one decode step per new token; a decode step reads every weight
   once (bytes / bandwidth) or multiplies them by the live rows (2 * params * rows FLOPs), whichever is slower,
-  plus a fixed cost per layer (Python and small kernels);
+  plus a fixed cost per layer (Python and small kernels) and a cost per layer that grows with the tokens
+  already in the cache (attention, masks);
 - update: forward and backward of every sequence (6 * params * tokens FLOPs; 4 with LoRA, which computes no
   weight gradient for the frozen base), prompts run once per group, plus the optimizer's pass over the
   trainable weights;
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's), the activations the
-  backward keeps (batching.py), and the process itself.
-The constants (`EFFICIENCY`) are first estimates, not yet fitted. bench/planner.py measures 8 configurations
-against them (bench/RESULTS.md, 2026-11-24): seconds per step within 25% on 7 of 8 (256-token decoding of a
-30-layer model runs ~2x slower than predicted), peak memory within 25% on 6 of 8 (0.5B LoRA: ~30% over).
+  backward keeps (batching.py) with a chunk of bf16 logits, and the process itself.
+The decode constants (`EFFICIENCY`) are fitted by least squares to session 8's 8 measured configurations
+(bench/planner.py's FIT set) and checked on 8 others (its CHECK set): bench/RESULTS.md says how close.
+A long run's memory grows past what its first steps use (session 9: 4.4 -> 8.0 GB over 2 hours against 4.1
+predicted): the forecast is the working set, not that growth.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from dataclasses import dataclass
 from .config import TrainConfig, eval_limits, plan
 from .evaluate import equal_batches
 
-# fractions of the measured peak that each phase reaches, and fixed costs; to be fitted by bench/planner.py
+# fractions of the measured peak that each phase reaches, and fixed costs (bench/planner.py's FIT set)
 EFFICIENCY = {
-    "decode_flops": 0.35,  # decode matmuls are small (rows x hidden): a third of the square-matmul peak
+    "decode_flops": 0.48,  # decode matmuls are small (rows x hidden): half the square-matmul peak
     "decode_bytes": 0.6,  # weights read once a step: most of the copy bandwidth
-    "layer_overhead_s": 2.5e-4,  # per layer and decode step: Python, norms, attention over the cache
+    "layer_overhead_s": 5.6e-4,  # per layer and decode step: Python, norms, small kernels
+    "context_s": 8.1e-6,  # per layer, decode step and token in the cache: attention over it, its masks
     "train_flops": 0.45,  # forward and backward under bf16 autocast
     "process_gb": 0.9,  # torch, transformers and the tokenizer, before any weight
 }
@@ -129,10 +132,7 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
     e = EFFICIENCY
     rows = cfg.prompts_per_step * cfg.num_generations
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    weight_bytes = 2 * shapes.matmul_params  # the sampler's bf16 weights
-    decode = max(weight_bytes / (bw * e["decode_bytes"]), 2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
-    prefill = 2 * shapes.matmul_params * prompt_len * cfg.prompts_per_step / (flops * e["train_flops"])
-    rollout = prefill + t * (decode + shapes.layers * e["layer_overhead_s"])
+    rollout = _decode_seconds(shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
     tokens = rows * t + cfg.prompts_per_step * prompt_len
     per_token = 4 if cfg.use_lora else 6
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
@@ -161,7 +161,7 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
     groups = max(1, micro // cfg.num_generations)
     activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, groups))
-    logits = 4 * shapes.vocab * 1024 * 2  # a chunk of fp32 logits and its softmax
+    logits = 2 * shapes.vocab * 1024 * 3  # a chunk of bf16 logits, scaled by the temperature, and its softmax
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
 
 
@@ -175,15 +175,21 @@ def eval_batches(cfg: TrainConfig) -> list[tuple[int, int, int]]:
 
 def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
     """The greedy evaluations (eval_batches), every completion at its limit (an upper bound)."""
+    evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
+    total = sum(batches * _decode_seconds(shapes, machine, rows, rows, limit, prompt_len)
+                for limit, batches, rows in eval_batches(cfg))
+    return evaluations * total
+
+
+def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t: int, prompt_len: int) -> float:
+    """Prefill `prompts` prompts, then decode `rows` rows to `t` tokens each (none ends early)."""
     e = EFFICIENCY
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
-    total = 0.0
-    for limit, batches, rows in eval_batches(cfg):
-        decode = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),
-                     2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
-        total += batches * limit * (decode + shapes.layers * e["layer_overhead_s"])
-    return evaluations * total
+    prefill = 2 * shapes.matmul_params * prompt_len * prompts / (flops * e["train_flops"])
+    weights = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),  # bf16 weights read once a step
+                  2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
+    cache = shapes.layers * e["context_s"] * t * (prompt_len + t / 2)  # the cache holds prompt + t/2 on average
+    return prefill + t * (weights + shapes.layers * e["layer_overhead_s"]) + cache
 
 
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:

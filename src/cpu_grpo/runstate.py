@@ -112,8 +112,9 @@ class Run:
         return Sampling(self.limit, self.stops, pad, c.temperature, c.top_k, c.top_p)
 
 
-def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None]:
-    """The run directory and the checkpoint to resume from; refuses to overwrite or to resume nothing."""
+def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None, bool]:
+    """The run directory, the checkpoint to resume from, and whether the directory is new; refuses to overwrite
+    or to resume nothing."""
     if resume and not (cfg.output_dir or cfg.run_name):
         raise RunDirError("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
@@ -126,8 +127,9 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     if not resume and (run / "metrics.jsonl").exists():
         raise RunDirError(f"{run} already holds a run: pass --resume to continue it, or choose another --output-dir "
                          "or --run-name (nothing was overwritten).")
+    created = not run.exists()
     run.mkdir(parents=True, exist_ok=True)
-    return run, ckpt
+    return run, ckpt, created
 
 
 def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: World = SINGLE) -> tuple[Run, object]:
@@ -154,6 +156,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
         _restore_rng(run, state)
         run.step, run.data_pos = state["step"], state["data_pos"]
         run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
+        run.all_equal_steps = state.get("all_equal_steps", 0)
         if (ckpt / curriculum.EWC_FILE).exists():
             run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
         log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
@@ -189,11 +192,12 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
     if not r.world.main:
         return
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": rngs[0], "rng_ranks": rngs,
-             "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step}
+             "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step,
+             "all_equal_steps": r.all_equal_steps}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:
         checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
-                        extra=extra)
+                        extra=extra, no_signal=r.all_equal_steps)
     except Exception as e:  # OSError; torch.save's RuntimeError; safetensors' SafetensorError
         if not disk_full(e):
             raise

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import rewards, tasks
+from . import checkpoint, rewards, tasks
 from .batching import auto_micro_rows, group_logprobs, micro_batches
 from .config import TrainConfig
 from .grpo import group_advantages, grpo_loss
@@ -33,7 +33,7 @@ from .runstate import Run, TrainingError
 from .tracking import append_jsonl, peak_rss_mb
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
-COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning
+COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
 
 
 @dataclass
@@ -271,15 +271,23 @@ def _count_non_finite(r: Run, grad_norm: float, loss: float, log) -> None:
 
 def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
     """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
-    for COLLAPSE_STEPS steps in a row (the update has nothing to push towards)."""
+    for COLLAPSE_STEPS steps in a row (the update has nothing to push towards); then stop if `on_collapse: stop`,
+    naming the checkpoint that the rotation keeps for such a case (checkpoint.last_with_signal)."""
     if all(math.isnan(v) for values in per_fn.values() for v in values):
         log(f"warning: step {r.step + 1}: every reward function returned None or nan for every completion, so "
             "nothing is learned: check the reward functions")
     r.all_equal_steps = r.all_equal_steps + 1 if frac_zero_std == 1 else 0
-    if r.all_equal_steps == COLLAPSE_STEPS:
-        log(f"warning: for {COLLAPSE_STEPS} steps every group's rewards were all equal, so nothing is learned: "
-            "an easier task, a higher temperature or a reward with partial credit gives the groups a signal "
-            "(read groups.jsonl)")
+    if r.all_equal_steps != COLLAPSE_STEPS:
+        return
+    good = checkpoint.last_with_signal(checkpoint.complete(r.dir / "checkpoints"))
+    kept = (f"; {good[0]} holds the weights of the last step that taught something (to go on from there, move the "
+            "newer checkpoints aside and --resume)") if good else ""
+    what = (f"for {COLLAPSE_STEPS} steps every group's rewards were all equal, so nothing is learned: an easier "
+            "task, a higher temperature, a lower learning rate or a reward with partial credit gives the groups a "
+            f"signal (read groups.jsonl){kept}")
+    if r.cfg.on_collapse == "stop":
+        raise TrainingError(f"stopped (on_collapse: stop): {what}")
+    log(f"warning: {what}")
 
 
 def _out_of_memory(e: BaseException) -> bool:

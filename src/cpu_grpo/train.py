@@ -36,12 +36,12 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     Under torchrun every rank calls this; rank 0 alone writes the run directory and logs."""
     t_start = time.time()
     world = distributed.init(cfg.ddp_timeout)
-    run_dir = None
+    run_dir, created = None, False
     try:
         if cfg.prompts_per_step < world.size:
             raise TrainingError(f"prompts_per_step {cfg.prompts_per_step} is less than the {world.size} ranks: each "
                                 "rank samples whole groups, so give at least one prompt per rank")
-        run_dir, ckpt = world.broadcast(open_run_dir(cfg, profile, resume) if world.main else None)
+        run_dir, ckpt, created = world.broadcast(open_run_dir(cfg, profile, resume) if world.main else None)
         with RunLock(run_dir) if world.main else contextlib.nullcontext():
             if world.main:
                 write_status(run_dir, state="starting", message="")  # a resumed run forgets an earlier failure
@@ -55,7 +55,9 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         failure = distributed.RankError(distributed.lost_rank_message(world, e)) if lost else _plainly(e, run_dir)
         if not lost:
             distributed.record_failure(world, failure)  # for the other ranks' message
-        if world.main and run_dir is not None:
+        if world.main and created and _only_its_own_files(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)  # a start that failed leaves no run behind
+        elif world.main and run_dir is not None:
             try:
                 write_status(run_dir, state="failed", message=f"{type(failure).__name__}: {failure}"[:300])
             except OSError:  # a full disk: the error itself matters more than the status file
@@ -63,6 +65,11 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         if failure is not e:
             raise failure from None
         raise
+
+
+def _only_its_own_files(run_dir: Path) -> bool:
+    """Whether the run directory holds nothing but what a start writes (no evaluation, step, log or tracker)."""
+    return {p.name for p in run_dir.iterdir()} <= {"train_config.yaml", "status.json", "run.lock"}
 
 
 def _plainly(e: BaseException, run_dir: Path | None) -> BaseException:
