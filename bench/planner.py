@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/planner.py --set check   # the 8 configurations the constants were not fitted on
     .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (session 8's); ~15 minutes each
+    .venv/bin/python bench/planner.py --set fresh   # 3 more, measured after the memory formula's last change
     .venv/bin/python bench/planner.py --set check --only 0 3
 
 Each configuration trains for --steps steps in its own process (its peak RSS is its own) with every completion
@@ -41,6 +42,11 @@ SETS = {  # (model, LoRA, prompts, samples, new tokens)
         ("qwen2.5-coder-0.5b", True, 2, 4, 192),
         ("qwen2.5-coder-0.5b", True, 4, 4, 128),
         ("qwen2.5-coder-0.5b", False, 1, 4, 96),
+    ],
+    "fresh": [  # after the memory formula's correction (session 11), shapes neither set had
+        ("qwen2.5-coder-0.5b", True, 2, 8, 96),
+        ("qwen2.5-coder-0.5b", True, 1, 8, 256),
+        ("smollm2-135m", True, 8, 4, 96),
     ],
 }
 

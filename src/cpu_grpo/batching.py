@@ -90,13 +90,17 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
 
 def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int, budget: float = 0.75e9) -> int:
     """Sequences per forward/backward so that the activations kept for the backward (`activation_bytes`) fit
-    `budget` bytes (and a quarter of the free memory). Whole groups while they fit, else parts of a group (each
-    part runs the prompt again: ~5% slower for halves on SmolLM2-135M, for half the activation memory).
-    """
+    `budget` bytes (and a quarter of the free memory): micro_rows for this model."""
     import psutil
 
-    cfg, g = model.config, num_generations
     budget = min(psutil.virtual_memory().available * 0.25, budget)
+    return micro_rows(model.config, prompt_len, completion_len, num_generations, budget)
+
+
+def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = 0.75e9) -> int:
+    """Whole groups while their activations fit `budget` bytes, else parts of a group (each part runs the prompt
+    again: ~5% slower for halves on SmolLM2-135M, for half the activation memory)."""
+    g = num_generations
     if activation_bytes(cfg, prompt_len, completion_len, g) <= budget:
         k = 1
         while activation_bytes(cfg, prompt_len, completion_len, (k + 1) * g, k + 1) <= budget:

@@ -15,7 +15,8 @@ limit (the worst case; `--completion-len` for another assumption):
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's), the activations the
   backward keeps (batching.py) with a chunk of bf16 logits, and the process itself.
 The decode constants (`EFFICIENCY`) are fitted by least squares to session 8's 8 measured configurations
-(bench/planner.py's FIT set) and checked on 8 others (its CHECK set): bench/RESULTS.md says how close.
+(bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
+a step and 12% for peak memory (bench/RESULTS.md, 2026-11-24).
 A long run's memory grows past what its first steps use (session 9: 4.4 -> 8.0 GB over 2 hours against 4.1
 predicted): the forecast is the working set, not that growth.
 """
@@ -143,7 +144,7 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
 
 def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
     """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
-    from .batching import activation_bytes
+    from .batching import activation_bytes, micro_rows
 
     p, c = shapes.params, shapes.config
     if cfg.use_lora:
@@ -158,10 +159,10 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len)  # a rollout's KV cache
     for limit, _, n in eval_batches(cfg):  # an evaluation batch: its KV cache and fp32 logits
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + 4 * shapes.vocab * n)
-    micro = cfg.micro_batch_size or rows  # the automatic size is capped by the 0.75 GB budget below
-    groups = max(1, micro // cfg.num_generations)
-    activations = min(0.75e9, activation_bytes(c, prompt_len, completion_len, micro, groups))
-    logits = 2 * shapes.vocab * 1024 * 3  # a chunk of bf16 logits, scaled by the temperature, and its softmax
+    micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations))
+    activations = activation_bytes(c, prompt_len, completion_len, micro, max(1, micro // cfg.num_generations))
+    # a chunk of bf16 logits (at most 1024 positions, at most the micro-batch's), scaled by the temperature, softmax
+    logits = 2 * shapes.vocab * min(1024, micro * completion_len) * 3
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
 
 
