@@ -1,4 +1,4 @@
-"""The planner against measurement: predicted and measured seconds per step and peak RSS over 8 configurations.
+"""The planner against measurement: predicted and measured seconds per step and peak RSS, one set of configurations.
 
     .venv/bin/python bench/planner.py --set check   # the 8 configurations the constants were not fitted on
     .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (session 8's); ~15 minutes each

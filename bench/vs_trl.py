@@ -215,8 +215,7 @@ def run_ours(args) -> dict:
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=0, top_p=1.0,
                           learning_rate=args.learning_rate, beta=0.0, loss_type="dapo", scale_rewards="group",
                           rewards=["correctness", "format"], reward_weights=REWARD_WEIGHTS, score_truncated=True,
-                          save_every=0,
-                          output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads)
+                          save_every=0, output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads)
         run = train(cfg, log=log)
         rows = read_jsonl(run / "metrics.jsonl")
         by_step: dict[int, set] = {}
