@@ -3,11 +3,14 @@
     python bench/curriculum_ablation.py --out runs/ablation            # train the runs, then the tables
     python bench/curriculum_ablation.py --out runs/ablation --tables   # tables only, from finished runs
     python bench/curriculum_ablation.py --out runs/after-demo --from runs/demo-final/checkpoints/step-000030
+    python bench/curriculum_ablation.py --out runs/forgetting --forgetting --seed 0
 
 Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed 0 (the defaults otherwise).
 - ewc:   basic:10, intermediate:10, advanced:10, EWC lambda 1
 - noewc: the same, lambda 0
 - final: advanced:30
+With --forgetting (issue 12's target 4): the demo profile's 30 basic steps, then 20 advanced steps at 5x its
+learning rate (FORGETTING_CONFIG), with EWC lambda 100 (`ewc`) and without (`noewc`, branched after basic).
 With --from CKPT (a 30-step basic run such as the demo's), stage 1 is that checkpoint: the runs are
 basic:30 (taken from CKPT), intermediate:10, with EWC lambda 1, 10, 100 and without.
 The base model's evaluation is the same in all runs (same model, same problems, greedy), so it is computed
@@ -25,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from cpu_grpo import config, stats
 from cpu_grpo.report import forgetting_table
 from cpu_grpo.tracking import read_jsonl
@@ -41,6 +46,12 @@ FROM_CKPT = {  # with --from: stage 1 is the given 30-step basic checkpoint
     "ewc10": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "10"],  # the lambda sweep
     "ewc100": ["--stages", "basic:30,intermediate:10", "--steps", "40", "--ewc-lambda", "100"],
 }
+
+# --forgetting (issue 12, target 4): the demo (SmolLM2-135M, full fine-tuning, 30 basic steps), then a stage that
+# can damage what it taught: 20 advanced steps at 5x the learning rate, their answers cut at 96 tokens
+FORGETTING_CONFIG = {"stages": [{"name": "basic", "steps": 30},
+                                {"name": "advanced", "steps": 20, "learning_rate": 1e-4}], "steps": 50}
+FORGETTING = {"ewc": ["--ewc-lambda", "100"], "noewc": ["--ewc-lambda", "0"]}
 
 
 def branch(src: Path, dst: Path, stage: str) -> None:
@@ -69,8 +80,13 @@ def seed_from(ckpt: Path, run: Path) -> None:
     (run / "eval_before.jsonl").write_text("".join(parts))
 
 
-def train_all(out: Path, extra: list[str], ckpt: Path | None = None) -> None:
-    for name, args in (FROM_CKPT if ckpt else RUNS).items():
+def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting: bool = False) -> None:
+    profile, runs = ("default", FROM_CKPT if ckpt else RUNS) if not forgetting else ("demo", FORGETTING)
+    if forgetting:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "forgetting.yaml").write_text(yaml.safe_dump(FORGETTING_CONFIG, sort_keys=False))
+        extra = ["--config", str(out / "forgetting.yaml"), *extra]
+    for name, args in runs.items():
         run = out / name
         if (run / "summary.json").exists():
             continue
@@ -83,7 +99,7 @@ def train_all(out: Path, extra: list[str], ckpt: Path | None = None) -> None:
             run.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(base, run / "eval_before.jsonl")
         resume = ["--resume"] if (run / "checkpoints").is_dir() else []  # one arguments list: last value wins
-        cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", "default", "--output-dir", str(run),
+        cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", profile, "--output-dir", str(run),
                *args, *extra, *resume]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
@@ -103,8 +119,7 @@ def tables(out: Path, names: list[str]) -> str:
         stages = ", ".join(f"{st.task} {st.steps}" for st in config.plan(cfg))
         ewc = f"EWC lambda {cfg.ewc_lambda:g}" if len(cfg.stages) > 1 else "one stage (no EWC)"
         lines += [f"## `{name}`: {stages} steps; {ewc}", "",
-                  f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall (one thread, on a "
-                  "machine shared with the other runs).", "",
+                  f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall.", "",
                   forgetting_table(data, run), ""]
     lines += ["## After training, run against run (paired, same problems)", ""]
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
@@ -128,9 +143,10 @@ def main() -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--tables", action="store_true", help="only build the tables from finished runs")
     p.add_argument("--from", dest="ckpt", type=Path, default=None, help="a 30-step basic checkpoint as stage 1")
+    p.add_argument("--forgetting", action="store_true", help="the demo, then a damaging stage, with and without EWC")
     args, extra = p.parse_known_args()
     if not args.tables:
-        train_all(args.out, extra, args.ckpt)
+        train_all(args.out, extra, args.ckpt, args.forgetting)
     names = [n for n in {**RUNS, **FROM_CKPT} if (args.out / n / "summary.json").exists()]
     text = tables(args.out, names)
     (args.out / "ABLATION.md").write_text(text)

@@ -39,6 +39,17 @@ def test_greedy_matches_generate_token_for_token(model):
         assert out[2 * i] == ref and out[2 * i + 1] == ref  # both rows of a group, left padding included
 
 
+def test_prefill_in_parts_writes_the_same_cache(model, monkeypatch):
+    """A long batch's prompts are prefilled a few at a time into slices of one cache: the tokens are the same."""
+    from cpu_grpo import rollout
+
+    monkeypatch.setattr(rollout, "PREFILL_TOKENS", 1)  # one prompt a call
+    eos = model.config.eos_token_id
+    out = Sampler(model, dtype=torch.float32).generate(PROMPTS, 1, Sampling(20, (eos,), model.config.pad_token_id,
+                                                                            temperature=0))
+    assert out == [hf_greedy(model, p, 20, eos) for p in PROMPTS]
+
+
 def test_greedy_stops_at_eos_and_keeps_it(model):
     sampler = Sampler(model, dtype=torch.float32)
     first = sampler.generate(PROMPTS[:1], 1, Sampling(20, (0,), 0, temperature=0))[0]

@@ -44,6 +44,7 @@ def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["frac_zero_std"] < 1 for m in metrics)
     assert all(isinstance(m["loss"], float) and m["time_update"] > 0 for m in metrics)
+    assert all(0 < m["rss_mb"] <= m["peak_rss_mb"] * 1.01 for m in metrics)  # memory now, within the peak so far
     ckpts = checkpoint.complete(out / "checkpoints")
     assert [c.name for c in ckpts] == ["step-000002", "step-000003"]
     last = ckpts[-1]

@@ -299,7 +299,8 @@ class PrefixCache:
 
     def keep(self, keep: Tensor) -> None:
         self.rows = self.rows[keep]
-        self.comp = [(k[keep], v[keep]) for k, v in self.comp]
+        for i, (k, v) in enumerate(self.comp):  # layer by layer: one layer's old copy alive at a time, not all
+            self.comp[i] = (k[keep], v[keep])
 
 
 def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, pos: Tensor, t: int) -> Tensor:

@@ -12,7 +12,8 @@ limit (the worst case; `--completion-len` for another assumption):
   weight gradient for the frozen base), prompts run once per group, plus the optimizer's pass over the
   trainable weights;
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
-  with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's), the activations the
+  with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
+  activations), the activations the
   backward keeps (batching.py) with a chunk of bf16 logits, and the process itself.
 The decode constants (`EFFICIENCY`) are fitted by least squares to session 8's 8 measured configurations
 (bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
@@ -145,6 +146,7 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
 def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
     """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
     from .batching import activation_bytes, micro_rows
+    from .rollout import PREFILL_TOKENS
 
     p, c = shapes.params, shapes.config
     if cfg.use_lora:
@@ -156,9 +158,14 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     rows = cfg.prompts_per_step * cfg.num_generations
     d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_token = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d  # bf16 keys and values of one token
-    sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len)  # a rollout's KV cache
-    for limit, _, n in eval_batches(cfg):  # an evaluation batch: its KV cache and fp32 logits
-        sampling = max(sampling, kv_token * n * (prompt_len + limit) + 4 * shapes.vocab * n)
+
+    def prefill(prompts: int) -> int:  # a prefill call's MLP activations: gate and up, the activation, the product
+        return 2 * 4 * c.intermediate_size * min(PREFILL_TOKENS, prompts * prompt_len)
+
+    # a rollout's KV cache and prefill; an evaluation batch's, and its logits
+    sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len) + prefill(cfg.prompts_per_step)
+    for limit, _, n in eval_batches(cfg):
+        sampling = max(sampling, kv_token * n * (prompt_len + limit) + prefill(n) + 4 * shapes.vocab * n)
     micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations))
     activations = activation_bytes(c, prompt_len, completion_len, micro, max(1, micro // cfg.num_generations))
     # a chunk of bf16 logits (at most 1024 positions, at most the micro-batch's), scaled by the temperature, softmax

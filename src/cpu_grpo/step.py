@@ -30,7 +30,7 @@ from .config import TrainConfig
 from .grpo import group_advantages, grpo_loss
 from .rollout import encode_prompts
 from .runstate import Run, TrainingError
-from .tracking import append_jsonl, peak_rss_mb
+from .tracking import append_jsonl, peak_rss_mb, rss_mb
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
@@ -202,7 +202,7 @@ def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd:
         "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
         "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
-        "peak_rss_mb": peak_rss_mb(), "data_pos": r.data_pos,
+        "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": r.data_pos,
     }
 
 

@@ -56,6 +56,13 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb() -> float:
+    """Resident memory of this process now, in MB: what it keeps between steps (the peak adds each phase's own)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
 def append_jsonl(path: Path, record: dict) -> None:
     with _naming(path), open(path, "a") as f:
         f.write(json.dumps(record, default=_jsonable) + "\n")
@@ -162,7 +169,8 @@ class Tracker:
         return (f"step {r['step']}{total} | reward {r['reward']:.3f} acc {r['accuracy']:.2f}"
                 f" zero-std {r['frac_zero_std']:.2f}{kl} | len {r['completion_len']:.0f}"
                 f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
-                f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s | rss {r['peak_rss_mb']:.0f} MB")
+                f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s"
+                f" | rss {r.get('rss_mb', math.nan):.0f} MB, peak {r['peak_rss_mb']:.0f} MB")
 
 
 # ---------------------------------------------------------------------------- run status and lock (for watchers)

@@ -16,7 +16,7 @@ PLOTS = [  # (elem_id, title, metrics; a trailing '/' takes every metric with th
     ("plot-kl", "KL to the reference (beta > 0) and clipped-token fraction", ["kl", "clip_frac"]),
     ("plot-length", "completion length (tokens)", ["completion_len"]),
     ("plot-toks", "tokens/s", ["rollout_tok_s", "train_tok_s"]),
-    ("plot-memory", "peak RSS (MB)", ["peak_rss_mb"]),
+    ("plot-memory", "RSS after the step and peak so far (MB)", ["rss_mb", "peak_rss_mb"]),
 ]
 
 
