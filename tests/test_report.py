@@ -114,3 +114,20 @@ def test_write_summary_and_report(tmp_path):
     text = (run / "report.md").read_text()
     assert "## Every metric, per level" in text and "| accuracy (auto extractor) | 2 | 50.0% (" in text
     assert "## Problems that changed" in text and "'9 * 2 = 18\\n#### 18'" in text
+    assert "By problem type" not in text  # these records name no type (problems from a file)
+
+
+def test_report_shows_each_problem_type(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    book = "A book about _ has _ pages ..."
+    kinds = {"b-1": "_ wants a bike that costs ...", "b-2": book, "b-3": book}
+    for name, right in (("eval_before.jsonl", {"b-3"}), ("eval_after.jsonl", {"b-2", "b-3"})):
+        (run / name).write_text("".join(json.dumps({"id": i, "difficulty": "intermediate", "template": k,
+                                                    "question": "Q?", "answer": "1", "completion": "",
+                                                    "correct": i in right}) + "\n" for i, k in kinds.items()))
+    report.write_summary(run, config.build(None, None, {"model": "m", "task": "intermediate"}), 1, 1.0,
+                         log=lambda *a: None)
+    text = (run / "report.md").read_text()
+    assert "| intermediate | _ wants a bike that costs ... | 1 | 0 (0%) | 0 (0%) |" in text
+    assert "| intermediate | A book about _ has _ pages ... | 2 | 1 (50%) | 2 (100%) |" in text

@@ -151,3 +151,14 @@ def test_generate_gives_up_when_it_cannot_find_enough(monkeypatch):
         generate("basic", 2, split="train")
     with pytest.raises(TaskError, match="found only"):
         generate("basic", 2, split="test")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_problem_names_its_type(level):
+    """The report's by-type table groups by these names: one per template, distinct within a level."""
+    names = [tasks.template_name(t) for t in tasks._TEMPLATES[level]]
+    assert len(set(names)) == len(names)
+    problems = generate(level, 200, split="test")
+    assert {p.template for p in problems} == set(names)  # 200 draws reach every template
+    bike = [p for p in generate("intermediate", 200, split="test") if "wants a bike" in p.question]
+    assert bike and {p.template for p in bike} == {"_ wants a bike that costs ..."}

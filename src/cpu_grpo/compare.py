@@ -126,7 +126,7 @@ def _paired_section(a: Path, b: Path) -> list[str]:
 
 def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     """Markdown comparing two evaluations of the same problems (records matched by id): B against A."""
-    from .evaltables import metric_summary, metric_table
+    from .evaltables import metric_summary, metric_table, type_table
 
     a, b = read_jsonl(file_a), read_jsonl(file_b)
     if not a or not b or any("id" not in r or "correct" not in r for r in a + b):
@@ -139,10 +139,12 @@ def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     summary = metric_summary(a, b)
     sentences = [stats.significance_sentence(e["correct"]["delta"], f"{level}, B vs A")
                  for level, e in summary.items() if "delta" in e.get("correct", {})]
-    return "\n".join([f"# Evaluation A `{Path(file_a).name}` against evaluation B `{Path(file_b).name}`", "",
-                      f"- A: `{file_a}`", f"- B: `{file_b}`",
-                      f"- {len(shared)} problems evaluated by both (paired; 'before' is A, 'after' is B)", "",
-                      metric_table(summary), *sentences, ""])
+    lines = [f"# Evaluation A `{Path(file_a).name}` against evaluation B `{Path(file_b).name}`", "",
+             f"- A: `{file_a}`", f"- B: `{file_b}`",
+             f"- {len(shared)} problems evaluated by both (paired; 'before' is A, 'after' is B)", "",
+             metric_table(summary), *sentences, ""]
+    types = type_table(a, b).replace("right before | right after", "right in A | right in B")
+    return "\n".join(lines + (["## By problem type", "", types] if types else []))
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> str:

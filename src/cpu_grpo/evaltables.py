@@ -265,3 +265,27 @@ def accuracy_table(levels: dict) -> str:
         change, p = _fmt_delta(e["delta"], rate=True) if "delta" in e else ("-", "-")
         rows.append(f"| {level} | {e['before']['n']} | {pct_cell(e['before'])} | {after} | {change} | {p} |")
     return head + "\n".join(rows) + "\n"
+
+
+def type_table(before: list[dict], after: list[dict]) -> str:
+    """Markdown: right answers per problem type of the generated levels (records with a `template`), before and
+    after on the same problems; "" when no record has a type (problems from files).
+
+    >>> rec = lambda i, ok: {"id": i, "difficulty": "basic", "template": "_ has _ ...", "correct": ok}
+    >>> print(type_table([rec(1, False), rec(2, True)], [rec(1, True), rec(2, True)]))
+    | level | problem type | n | right before | right after |
+    |---|---|---|---|---|
+    | basic | _ has _ ... | 2 | 1 (50%) | 2 (100%) |
+    <BLANKLINE>
+    """
+    after_by_id = {r["id"]: r for r in after}
+    counts: dict[tuple[str, str], list[int]] = {}
+    for r in before:
+        if r.get("template") and r["id"] in after_by_id:
+            c = counts.setdefault((r["difficulty"], r["template"]), [0, 0, 0])
+            c[0], c[1], c[2] = c[0] + 1, c[1] + bool(r["correct"]), c[2] + bool(after_by_id[r["id"]]["correct"])
+    if not counts:
+        return ""
+    head = "| level | problem type | n | right before | right after |\n|---|---|---|---|---|\n"
+    return head + "\n".join(f"| {level} | {kind} | {n} | {b} ({100 * b / n:.0f}%) | {a} ({100 * a / n:.0f}%) |"
+                            for (level, kind), (n, b, a) in counts.items()) + "\n"

@@ -44,8 +44,10 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
         outs = sampler.generate(prompts, 1, sampling)
         for ex, ids in zip(part, outs, strict=True):
             text = tok.decode(ids, skip_special_tokens=True)
-            records.append({"id": ex.id, "difficulty": ex.difficulty, "question": ex.question, "answer": ex.answer,
-                            "completion": text, **metrics.score_completion(text, ex.answer, ex.solution, use_mv)})
+            kind = {"template": ex.template} if ex.template else {}
+            records.append({"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question,
+                            "answer": ex.answer, "completion": text,
+                            **metrics.score_completion(text, ex.answer, ex.solution, use_mv)})
         done = len(records)
         log(f"  eval {done}/{len(examples)}: accuracy so far {sum(r['correct'] for r in records) / done:.3f} "
             f"({time.time() - t0:.0f}s)")

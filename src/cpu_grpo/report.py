@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 
 from . import stats
-from .evaltables import accuracy_levels, accuracy_table, metric_sentences, metric_summary, metric_table, pct_cell
+from .evaltables import (
+    accuracy_levels,
+    accuracy_table,
+    metric_sentences,
+    metric_summary,
+    metric_table,
+    pct_cell,
+    type_table,
+)
 from .tracking import code_version, file_safe, read_jsonl
 
 
@@ -150,6 +158,10 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
         lines += [e["delta"]["sentence"] for e in summary["levels"].values() if "delta" in e]
         lines += ["", "Intervals: Wilson for accuracies; paired bootstrap (10,000 resamples) for the change; "
                   "McNemar's exact test on the discordant pairs.", ""]
+        types = type_table(read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl"))
+        if types:
+            lines += ["### By problem type", "", "Where a level's errors are (the generator's question templates, "
+                      "named by their first words):", "", types]
     if (run / "forgetting.json").exists():
         lines += ["## Forgetting matrix (greedy accuracy)", "",
                   forgetting_table(json.loads((run / "forgetting.json").read_text()), run), ""]

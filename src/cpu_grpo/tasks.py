@@ -39,6 +39,7 @@ class Example:
     difficulty: str  # "basic" | "intermediate" | "advanced" | "gsm8k" | the file's own field
     solution: str = ""  # GSM8K style: "16 - 3 = <<16-3=13>>13" lines, then "#### 13"
     id: str = ""  # "basic-train-17", "test.jsonl:42"
+    template: str = ""  # the generator's problem type (template_name), "" for problems from files
 
 
 def canonical_number(x: float | int | Fraction) -> str:
@@ -273,6 +274,14 @@ def _draw(r: random.Random, template: Template) -> tuple[str, str, str] | None:
     return None if built is None else (question, *built)
 
 
+def template_name(template: Template) -> str:
+    """A problem type's short name: its question up to its fifth word that is not a blank, blanks as '_'
+    ('_ wants a bike that costs ...')."""
+    words = re.sub(r"\$?\{[^}]*\}", "_", template[1]).split()
+    ends = [i for i, w in enumerate(words) if w.strip(".,?'s") not in ("_", "")]
+    return " ".join(words[:ends[min(4, len(ends) - 1)] + 1]).rstrip(".,") + " ..."
+
+
 def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Example]:
     """n distinct problems of one level (or "mix") from one split; the same arguments give the same list."""
     if not isinstance(n, int) or n < 0:
@@ -291,12 +300,13 @@ def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Ex
     for _ in range(max_draws):
         if len(out) == n:
             break
-        drawn = _draw(rng, rng.choice(_TEMPLATES[level]))
+        template = rng.choice(_TEMPLATES[level])
+        drawn = _draw(rng, template)
         if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
             continue
         seen.add(drawn[0])
         question, solution, answer = drawn
-        out.append(Example(question, answer, level, solution, f"{level}-{split}-{len(out)}"))
+        out.append(Example(question, answer, level, solution, f"{level}-{split}-{len(out)}", template_name(template)))
     if len(out) < n:
         raise TaskError(f"found only {len(out)} distinct {split} problems of level '{level}' in {max_draws} "
                         f"draws: ask for fewer than {n}.")
