@@ -81,8 +81,9 @@ def seed_from(ckpt: Path, run: Path) -> None:
 
 
 def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting: bool = False) -> None:
-    profile, runs = ("default", FROM_CKPT if ckpt else RUNS) if not forgetting else ("demo", FORGETTING)
+    profile, runs = "default", FROM_CKPT if ckpt else RUNS
     if forgetting:
+        profile, runs = "demo", FORGETTING
         out.mkdir(parents=True, exist_ok=True)
         (out / "forgetting.yaml").write_text(yaml.safe_dump(FORGETTING_CONFIG, sort_keys=False))
         extra = ["--config", str(out / "forgetting.yaml"), *extra]

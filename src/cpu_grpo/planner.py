@@ -13,8 +13,7 @@ limit (the worst case; `--completion-len` for another assumption):
   trainable weights;
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
-  activations), the activations the
-  backward keeps (batching.py) with a chunk of bf16 logits, and the process itself.
+  activations), the activations the backward keeps (batching.py) with a chunk of bf16 logits, and the process.
 The decode constants (`EFFICIENCY`) are fitted by least squares to session 8's 8 measured configurations
 (bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
 a step and 12% for peak memory (bench/RESULTS.md, 2026-11-24).
