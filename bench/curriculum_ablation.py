@@ -10,7 +10,8 @@ Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed
 - noewc: the same, lambda 0
 - final: advanced:30
 With --forgetting (issue 12's target 4): the demo profile's 30 basic steps, then 20 advanced steps at 5x its
-learning rate (FORGETTING_CONFIG), with EWC lambda 100 (`ewc`) and without (`noewc`, branched after basic).
+learning rate (FORGETTING_CONFIG), with EWC lambda 100 (`ewc`), 1,000 and 10,000 and without (`noewc`); all but
+`ewc` branch from its stage-1 checkpoint.
 With --from CKPT (a 30-step basic run such as the demo's), stage 1 is that checkpoint: the runs are
 basic:30 (taken from CKPT), intermediate:10, with EWC lambda 1, 10, 100 and without.
 The base model's evaluation is the same in all runs (same model, same problems, greedy), so it is computed
@@ -51,7 +52,8 @@ FROM_CKPT = {  # with --from: stage 1 is the given 30-step basic checkpoint
 # can damage what it taught: 20 advanced steps at 5x the learning rate, their answers cut at 96 tokens
 FORGETTING_CONFIG = {"stages": [{"name": "basic", "steps": 30},
                                 {"name": "advanced", "steps": 20, "learning_rate": 1e-4}], "steps": 50}
-FORGETTING = {"ewc": ["--ewc-lambda", "100"], "noewc": ["--ewc-lambda", "0"]}
+FORGETTING = {"ewc": ["--ewc-lambda", "100"], "noewc": ["--ewc-lambda", "0"],
+              "ewc1000": ["--ewc-lambda", "1000"], "ewc10000": ["--ewc-lambda", "10000"]}
 
 
 def branch(src: Path, dst: Path, stage: str) -> None:
@@ -93,7 +95,7 @@ def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting:
             continue
         if name == "ewc" and ckpt and not run.exists():
             seed_from(ckpt, run)
-        if name in ("noewc", "ewc10", "ewc100") and not run.exists():  # the same stage 1 and Fisher as `ewc`
+        if name not in ("ewc", "final") and not run.exists():  # the same stage 1 and Fisher as `ewc`
             branch(out / "ewc", run, "basic")
         base = out / "ewc" / "eval_before.jsonl"
         if name != "ewc" and base.exists() and not (run / "eval_before.jsonl").exists():
@@ -125,7 +127,8 @@ def tables(out: Path, names: list[str]) -> str:
     lines += ["## After training, run against run (paired, same problems)", ""]
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
     finals = {name: final_row(out / name) for name in names}
-    pairs = [("noewc", "ewc"), ("final", "ewc"), ("final", "noewc"), ("noewc", "ewc10"), ("noewc", "ewc100")]
+    pairs = [("noewc", "ewc"), ("final", "ewc"), ("final", "noewc"),
+             *[("noewc", n) for n in ("ewc10", "ewc100", "ewc1000", "ewc10000")]]
     for a, b in [(a, b) for a, b in pairs if {a, b} <= set(names)]:
         ids = sorted(set(finals[a]) & set(finals[b]))
         for level in dict.fromkeys(finals[a][i]["difficulty"] for i in ids):
@@ -148,7 +151,7 @@ def main() -> None:
     args, extra = p.parse_known_args()
     if not args.tables:
         train_all(args.out, extra, args.ckpt, args.forgetting)
-    names = [n for n in {**RUNS, **FROM_CKPT} if (args.out / n / "summary.json").exists()]
+    names = [n for n in {**RUNS, **FROM_CKPT, **FORGETTING} if (args.out / n / "summary.json").exists()]
     text = tables(args.out, names)
     (args.out / "ABLATION.md").write_text(text)
     print(text)
