@@ -10,8 +10,9 @@ Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed
 - noewc: the same, lambda 0
 - final: advanced:30
 With --forgetting (issue 12's target 4): the demo profile's 30 basic steps, then 20 advanced steps at 5x its
-learning rate (FORGETTING_CONFIG), with EWC lambda 100 (`ewc`), 1,000 and 10,000 and without (`noewc`); all but
-`ewc` branch from its stage-1 checkpoint.
+learning rate (FORGETTING_CONFIG), with EWC lambda 100 (`ewc`), 1,000 and 10,000, decoupled EWC at lambda 1e4
+and 1e6 (`--ewc-decoupled`), and without (`noewc`); all but `ewc` branch from its stage-1 checkpoint. `--arms`
+picks some of them.
 With --from CKPT (a 30-step basic run such as the demo's), stage 1 is that checkpoint: the runs are
 basic:30 (taken from CKPT), intermediate:10, with EWC lambda 1, 10, 100 and without.
 The base model's evaluation is the same in all runs (same model, same problems, greedy), so it is computed
@@ -53,7 +54,10 @@ FROM_CKPT = {  # with --from: stage 1 is the given 30-step basic checkpoint
 FORGETTING_CONFIG = {"stages": [{"name": "basic", "steps": 30},
                                 {"name": "advanced", "steps": 20, "learning_rate": 1e-4}], "steps": 50}
 FORGETTING = {"ewc": ["--ewc-lambda", "100"], "noewc": ["--ewc-lambda", "0"],
-              "ewc1000": ["--ewc-lambda", "1000"], "ewc10000": ["--ewc-lambda", "10000"]}
+              "ewc1000": ["--ewc-lambda", "1000"], "ewc10000": ["--ewc-lambda", "10000"],
+              # decoupled: a pull of min(1, lr * lambda * F) towards the anchor after each step (EWC.pull)
+              "ewc-pull1e4": ["--ewc-lambda", "1e4", "--ewc-decoupled", "true"],
+              "ewc-pull1e6": ["--ewc-lambda", "1e6", "--ewc-decoupled", "true"]}
 
 
 def branch(src: Path, dst: Path, stage: str) -> None:
@@ -82,10 +86,13 @@ def seed_from(ckpt: Path, run: Path) -> None:
     (run / "eval_before.jsonl").write_text("".join(parts))
 
 
-def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting: bool = False) -> None:
+def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting: bool = False,
+              arms: list[str] | None = None) -> None:
     profile, runs = "default", FROM_CKPT if ckpt else RUNS
     if forgetting:
         profile, runs = "demo", FORGETTING
+    runs = {k: v for k, v in runs.items() if k == "ewc" or not arms or k in arms}  # ewc: stage 1 for the others
+    if forgetting:
         out.mkdir(parents=True, exist_ok=True)
         (out / "forgetting.yaml").write_text(yaml.safe_dump(FORGETTING_CONFIG, sort_keys=False))
         extra = ["--config", str(out / "forgetting.yaml"), *extra]
@@ -128,7 +135,7 @@ def tables(out: Path, names: list[str]) -> str:
     lines += ["| level | pair | A | B | B - A (95% CI) | McNemar p |", "|---|---|---|---|---|---|"]
     finals = {name: final_row(out / name) for name in names}
     pairs = [("noewc", "ewc"), ("final", "ewc"), ("final", "noewc"),
-             *[("noewc", n) for n in ("ewc10", "ewc100", "ewc1000", "ewc10000")]]
+             *[("noewc", n) for n in names if n.startswith("ewc") and n != "ewc"]]
     for a, b in [(a, b) for a, b in pairs if {a, b} <= set(names)]:
         ids = sorted(set(finals[a]) & set(finals[b]))
         for level in dict.fromkeys(finals[a][i]["difficulty"] for i in ids):
@@ -148,9 +155,10 @@ def main() -> None:
     p.add_argument("--tables", action="store_true", help="only build the tables from finished runs")
     p.add_argument("--from", dest="ckpt", type=Path, default=None, help="a 30-step basic checkpoint as stage 1")
     p.add_argument("--forgetting", action="store_true", help="the demo, then a damaging stage, with and without EWC")
+    p.add_argument("--arms", default="", help="only these runs, comma-separated (and `ewc`, whose stage 1 they share)")
     args, extra = p.parse_known_args()
     if not args.tables:
-        train_all(args.out, extra, args.ckpt, args.forgetting)
+        train_all(args.out, extra, args.ckpt, args.forgetting, [a for a in args.arms.split(",") if a])
     names = [n for n in {**RUNS, **FROM_CKPT, **FORGETTING} if (args.out / n / "summary.json").exists()]
     text = tables(args.out, names)
     (args.out / "ABLATION.md").write_text(text)

@@ -66,6 +66,43 @@ def test_ewc_is_zero_at_its_anchor_and_when_off(tmp_path):
     assert back.stages == ["s1"] and torch.equal(back.fisher["w"], ewc.fisher["w"]) and back.const == ewc.const
 
 
+def test_decoupled_ewc_pulls_each_weight_by_lr_lambda_fisher():
+    m = Linear1([1.0, 1.0, 1.0])
+    ewc = curriculum.EWC()
+    ewc.add_stage("s1", {"w": torch.tensor([2.0, 0.01, 0.0])}, {"w": torch.zeros(3)})
+    assert ewc.apply(m, 100.0, grad=False) == pytest.approx(50 * 2.01) and m.w.grad is None
+    ewc.pull(m, 100.0, lr=0.01)  # rates min(1, 0.01 * 100 * F) = 1, 0.01, 0
+    assert torch.allclose(m.w.detach(), torch.tensor([0.0, 0.99, 1.0]))
+
+
+def test_a_clipped_gradient_penalty_stops_depending_on_lambda_and_the_decoupled_pull_does_not():
+    """Three weights at their anchor 0 with Fisher 1, 0.01 and 0, pushed by a gradient of 0.01 each, 30 Adam steps
+    at lr 0.01 with the gradient clipped at norm 1 (as in training). Through the gradient, once lambda * F * d
+    dominates the norm the clip divides it out: lambda 1e4 and 1e6 leave the Fisher-1 weight at the same distance
+    from its anchor, not 100 times closer. Decoupled, the pull holds the weights with lr * lambda * F >= 1 exactly
+    on their anchor; the one with Fisher 0 moves in both."""
+    def weights(lam: float, decoupled: bool) -> list[float]:
+        m = Linear1([0.0, 0.0, 0.0])
+        ewc = curriculum.EWC()
+        ewc.add_stage("s1", {"w": torch.tensor([1.0, 0.01, 0.0])}, {"w": torch.zeros(3)})
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        for _ in range(30):
+            opt.zero_grad()
+            m.w.grad = torch.full((3,), 0.01)
+            ewc.apply(m, lam, grad=not decoupled)
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            if decoupled:
+                ewc.pull(m, lam, lr=0.01)
+        return m.w.tolist()
+
+    assert weights(0.0, False) == pytest.approx([-0.3] * 3, rel=1e-3)  # free: lr a step
+    held, harder = weights(1e4, False), weights(1e6, False)
+    assert abs(held[0]) > 1e-4 and harder[0] == pytest.approx(held[0], rel=0.01)
+    assert held[2] < -0.05  # Fisher 0: never held
+    assert weights(1e4, True) == pytest.approx([0.0, 0.0, -0.3], abs=1e-6)
+
+
 def stage_cfg(tiny_model, out, reward_file, **kw):
     values = dict(stages=["basic:3", "intermediate:3"], steps=6, ewc_lambda=10.0, fisher_samples=3,
                   save_every=2, keep_checkpoints=1, eval_size=4)

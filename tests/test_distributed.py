@@ -87,6 +87,26 @@ def test_two_ranks_train_the_same_weights_and_resume_exactly(tiny_model, tmp_pat
     assert (part / "digest-0-of-2").read_text() == digests.pop()
 
 
+def test_two_ranks_agree_on_dynamic_sampling(tiny_model, tmp_path):
+    """Dynamic sampling under torchrun: both ranks draw the same extra batches, keep the same groups (decided on
+    the gathered batch) and end with the same weights; only groups whose reward varies are trained."""
+    some = tmp_path / "some.py"
+    some.write_text("def some_groups_reward(completions, question, **kw):\n"
+                    "    return [len(c) / 10 if len(q) % 2 else 0.0 for c, q in zip(completions, question)]\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    ok(torchrun("train", str(out), fields(tiny_model, out, some, steps=2, eval_size=0, dynamic_sampling=3,
+                                          rewards=[f"{some}:some_groups_reward"])))
+    assert len({(out / f"digest-{r}-of-2").read_text() for r in (0, 1)}) == 1
+    metrics, groups = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "groups.jsonl")
+    assert sum(m["sample_batches"] for m in metrics) * 4 == metrics[-1]["data_pos"]
+    for m in metrics:
+        step = [x for x in groups if x["step"] == m["step"]]
+        trained = [x for x in step if any(a != 0 for a in x["advantages"])]
+        assert len(step) == 4 * m["sample_batches"]
+        assert trained == [x for x in step if len(x["question"]) % 2][:4]
+
+
 def test_a_killed_rank_stops_the_others_with_its_name_and_the_run_resumes(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     out.mkdir()

@@ -3,6 +3,7 @@ and --resume continues at step 4 with the same data order."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from cpu_grpo.config import ConfigError
 from cpu_grpo.errors import RunDirError
 from cpu_grpo.models import ModelError
 from cpu_grpo.runstate import TrainingError
+from cpu_grpo.step import teaching
 from cpu_grpo.tracking import read_jsonl
 from cpu_grpo.train import train
 
@@ -344,6 +346,44 @@ def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives
     assert [m["frac_zero_std"] for m in read_jsonl(out / "metrics.jsonl")][2:] == [1.0] * 4
     with pytest.raises(ConfigError, match="on_collapse must be warn or stop"):
         tiny_cfg(tiny_model, out, fading, on_collapse="halt")
+
+
+SOME_GROUPS = """
+def some_groups_reward(completions, question, **kw):
+    return [len(c) / 10 if len(q) % 2 else 0.0 for c, q in zip(completions, question, strict=True)]
+"""
+
+
+def test_dynamic_sampling_trains_only_groups_that_teach(tiny_model, tmp_path):
+    """A reward that varies within the group only for questions of odd length: with dynamic_sampling 3, each step
+    draws batches of 2 prompts until 2 such groups are found (or 3 batches were drawn), trains on those alone, and
+    logs every group it sampled; the data order moves on by every prompt drawn."""
+    some = tmp_path / "some.py"
+    some.write_text(SOME_GROUPS)
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, some, eval_size=0, steps=4, dynamic_sampling=3,
+                   rewards=[f"{some}:some_groups_reward"]), log=lambda *a: None)
+    metrics, groups = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "groups.jsonl")
+    assert [m["data_pos"] for m in metrics] == list(itertools.accumulate(2 * m["sample_batches"] for m in metrics))
+    assert {m["sample_batches"] for m in metrics} - {1, 2, 3} == set() and max(m["sample_batches"] for m in metrics) > 1
+    for m in metrics:
+        step = [x for x in groups if x["step"] == m["step"]]
+        teach = [x for x in step if len(x["question"]) % 2]
+        trained = [x for x in step if any(a != 0 for a in x["advantages"])]
+        assert len(step) == 2 * m["sample_batches"]
+        assert trained == teach[:2]  # the first two groups that teach, nothing else
+        assert len(trained) == 2 or m["sample_batches"] == 3
+        assert m["frac_skipped"] == pytest.approx(1 - len(trained) / len(step))
+
+
+def test_teaching_groups_are_the_first_whose_first_reward_varies():
+    cfg = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2, "dynamic_sampling": 2})
+    per_fn = {"correctness": [1, 1, 0, 1, float("nan"), 0.0, 0, 1, 1, 0], "format": [0, 1] * 5}
+    assert teaching(cfg, per_fn) == [1, 3]  # group 2 (nan, 0) is all 0; 4 would be the third
+    off = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2})
+    assert teaching(off, per_fn) == [0, 1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="dynamic_sampling must be >= 0"):
+        config.build(None, None, {"dynamic_sampling": -1})
 
 
 def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, reward_file):

@@ -33,6 +33,7 @@ r, _ = build_run(cfg, Path("/tmp/mb-bench"), None, lambda *a: None)
 batch = tasks.generate("intermediate", 4, seed=3)
 t0 = time.time()
 rollout = sample(r, batch)
+r.sampler.release()  # as grpo_step does before its update
 print(f"rollout {time.time() - t0:.1f}s, mean length {sum(map(len, rollout.completions)) / 32:.0f}")
 adv, _ = group_advantages(torch.rand(32, generator=torch.Generator().manual_seed(0)), 8)
 state = copy.deepcopy({k: v.detach().clone() for k, v in r.model.state_dict().items() if "lora" in k})

@@ -50,6 +50,10 @@ class TrainConfig:
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
+    ewc_decoupled: bool = _f(False, "EWC as a pull of the weights towards the earlier stages' after each optimizer "
+                                    "step, theta -= min(1, lr*lambda*F)*(theta - anchor), like AdamW's weight decay; "
+                                    "off: the penalty's gradient joins the policy gradient, where Adam's scaling "
+                                    "cancels its strength (docs/curriculum.md)")
     fisher_samples: int = _f(32, "sampled completions used to estimate the Fisher diagonal at the end of a stage")
     # -- rollouts
     steps: int = _f(30, "optimizer steps (with stages: the budget split equally among stages without steps)")
@@ -73,6 +77,9 @@ class TrainConfig:
     epsilon: float = _f(0.2, "lower clip of the ratio: 1 - epsilon")
     epsilon_high: float = _f(0.2, "upper clip of the ratio: 1 + epsilon_high (DAPO uses 0.28)")
     num_iterations: int = _f(1, "updates per rollout batch; > 1 stores old log-probs")
+    dynamic_sampling: int = _f(0, "DAPO's dynamic sampling: up to this many rollout batches a step, until "
+                                  "prompts_per_step groups whose first reward (correctness) differs within the group "
+                                  "are found; only those are trained (0: off, every group of one batch)")
     # -- optimisation
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
@@ -127,6 +134,7 @@ class TrainConfig:
             (self.beta >= 0, "beta must be >= 0"),
             (0 <= self.epsilon < 1 and self.epsilon_high >= 0, "epsilon must be in [0, 1), epsilon_high >= 0"),
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
+            (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "

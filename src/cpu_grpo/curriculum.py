@@ -6,6 +6,8 @@ F (theta - a)^2 + C with F = sum_k F_k and a = sum_k F_k a_k / F, so two tensors
 number of stages and the gradient is exact. Each stage's Fisher is normalised to mean 1 over the trainable
 parameters, so lambda is in units of "one average parameter": without that, raw Fisher values of a
 135M-parameter model are ~1e-8 and a useful lambda would depend on the model size.
+With `ewc_decoupled` the penalty is not a gradient but a pull of the weights towards the anchor after each
+optimizer step (EWC.pull), since Adam cancels a gradient penalty's strength.
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ class EWC:
             self.fisher[k], self.anchor[k] = f, a
         self.stages.append(name)
 
-    def apply(self, model, lam: float) -> float:
-        """Add lam * F * (theta - a) to each trainable parameter's .grad; return lam/2 * (sum F (theta-a)^2 + C)."""
+    def apply(self, model, lam: float, grad: bool = True) -> float:
+        """Add lam * F * (theta - a) to each trainable parameter's .grad (unless not `grad`); return the penalty
+        lam/2 * (sum F (theta-a)^2 + C)."""
         if not self.fisher or lam == 0:
             return 0.0
         total = self.const
@@ -115,9 +118,25 @@ class EWC:
                 diff = p.detach().float() - self.anchor[k]
                 weighted = self.fisher[k] * diff
                 total += (weighted * diff).sum().item()
-                g = (lam * weighted).to(p.dtype)
-                p.grad = g if p.grad is None else p.grad.add_(g)
+                if grad:
+                    g = (lam * weighted).to(p.dtype)
+                    p.grad = g if p.grad is None else p.grad.add_(g)
         return 0.5 * lam * total
+
+    def pull(self, model, lam: float, lr: float) -> None:
+        """Decoupled EWC, after an optimizer step: theta -= min(1, lr * lam * F) * (theta - a).
+
+        Through the gradient, once lam * F * (theta - a) dominates the gradient's norm, clipping divides lam out
+        again and Adam scales each weight's step by its own gradient size: lambda 100, 1,000 and 10,000 gave the
+        same trajectory in docs/curriculum.md's forgetting case (the L2 penalty that AdamW's decoupled weight
+        decay replaced; Loshchilov and Hutter, 2019). Applied to the weights, its strength is what lam says."""
+        if not self.fisher or lam == 0:
+            return
+        with torch.no_grad():
+            for k, p in trainable(model).items():
+                if k in self.fisher:
+                    rate = (lr * lam * self.fisher[k]).clamp_(max=1.0)
+                    p.sub_((rate * (p.float() - self.anchor[k])).to(p.dtype))
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file

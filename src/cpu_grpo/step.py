@@ -13,6 +13,10 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 6. Under torchrun, each rank samples its share of the step's groups and trains on them; the rest of the step
    sees the whole batch, gathered (distributed.py says how). Every decision that ends a loop (a stop request, a
    stage already done) is agreed by all ranks, so that they always meet in the same collectives.
+7. With `dynamic_sampling: N` (DAPO, Yu et al., 2025), a step samples up to N batches of prompts_per_step prompts
+   until that many groups whose correctness differs within the group are found, and trains on those alone: a group
+   whose samples are all right or all wrong teaches nothing about the answer (with format and length rewards it
+   would still teach those). Every group sampled is logged.
 The run around the step (stages, evaluations, resume, stop, report) is train.py.
 """
 
@@ -62,6 +66,17 @@ class Rollout:
     texts: list[str]
     truncated: list[bool]  # cut at the length limit before the model ended it
 
+    def groups(self, idx: list[int], g: int) -> Rollout:
+        """The groups `idx` (in that order) as a rollout of their own."""
+        rows = [i * g + j for i in idx for j in range(g)]
+        return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
+                       [self.completions[k] for k in rows], [self.texts[k] for k in rows],
+                       [self.truncated[k] for k in rows])
+
+    def __add__(self, other: Rollout) -> Rollout:
+        return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
+                       self.texts + other.texts, self.truncated + other.truncated)
+
 
 @dataclass
 class Update:
@@ -78,9 +93,19 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
     cfg, tok = r.cfg, r.tok
     prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
     completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(), r.gen)
-    r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
     truncated = [len(c) >= r.limit and c[-1] not in r.stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
+
+
+def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]]) -> list[int]:
+    """The groups the update trains on. With `dynamic_sampling` (DAPO), the first prompts_per_step groups whose
+    first reward function (correctness by default) is not the same for every sample; otherwise every group."""
+    g, n = cfg.num_generations, len(next(iter(per_fn.values()))) // cfg.num_generations
+    if not cfg.dynamic_sampling:
+        return list(range(n))
+    first = torch.tensor(next(iter(per_fn.values()))).nan_to_num(0.0).view(n, g)
+    varies = (first != first[:, :1]).any(dim=1).nonzero().flatten().tolist()
+    return varies[:cfg.prompts_per_step]
 
 
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
@@ -116,7 +141,8 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
               if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
     trained = sorted(x for part in world.gather(groups) for x in part)  # every rank's
     lengths = [len(c) for c in rollout.completions]
-    mb = cfg.micro_batch_size or auto_micro_rows(r.model, max(len(p) for p in rollout.prompts), max(lengths), g)
+    mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
+                                                 max(lengths, default=1), g)
     mb = min(mb, r.micro_cap or mb)
     while True:
         stepped: list[bool] = []
@@ -136,24 +162,46 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
     return Update(sums, grad_norm, mb, trained)
 
 
-def grpo_step(r: Run, ref, reward_fns, batch: list[tasks.Example], stop: StopFlag) -> tuple | None:
-    """One GRPO step: sample, score, advantage, update. Returns (record, rollout, total, per_fn, adv), or None when
+def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
+    """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the prompts_per_step problems at position
+    `pos` of the stage's order. Returns (record, rollout, total, per_fn, adv) over every group sampled, or None when
     a stop was requested during sampling (the rollout is discarded: the last complete step is what gets saved)."""
-    cfg, t0, comm = r.cfg, time.time(), r.world.comm_seconds
+    cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
+    t0 = time.time()
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
-    rollout = sample(r, batch[r.world.rank::r.world.size])
-    t1 = time.time()
-    if stop_agreed(r, stop):
-        return None
-    # ---------------------------------------------------------------- reward and advantage (the whole batch)
-    rollout, total, per_fn = _gathered(r, rollout, *score(cfg, reward_fns, rollout))
-    adv, adv_stats = group_advantages(total, cfg.num_generations, cfg.scale_rewards)
+    # and reward (the whole batch); with dynamic sampling, again until prompts_per_step groups teach something
+    drawn, parts = 0, []
+    while True:
+        t = time.time()
+        part = sample(r, draw(r.data_pos + drawn)[r.world.rank::r.world.size])
+        drawn += cfg.prompts_per_step
+        times["rollout"] += time.time() - t
+        if stop_agreed(r, stop):
+            return None
+        t = time.time()
+        parts.append(_gathered(r, part, *score(cfg, reward_fns, part)))
+        times["scoring"] += time.time() - t
+        rollout = sum((p[0] for p in parts[1:]), parts[0][0])
+        total = torch.cat([p[1] for p in parts])
+        per_fn = {k: [v for p in parts for v in p[2][k]] for k in parts[0][2]}
+        keep = teaching(cfg, per_fn)
+        if len(keep) >= cfg.prompts_per_step or len(parts) >= max(1, cfg.dynamic_sampling):
+            break
+    r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
+    # ---------------------------------------------------------------- advantage (within each group)
+    _, adv_stats = group_advantages(total, g, cfg.scale_rewards)  # of every group sampled
+    rows = torch.tensor([i * g + j for i in keep for j in range(g)], dtype=torch.long)
+    adv = torch.zeros_like(total)  # a group left out by dynamic sampling is not trained: 0 in groups.jsonl
+    if keep:
+        adv[rows] = group_advantages(total[rows], g, cfg.scale_rewards)[0]
     _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], r.log)
     t2 = time.time()
-    # ---------------------------------------------------------------- update
-    upd = update(r, ref, rollout, adv)
-    r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + cfg.prompts_per_step
-    record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, t1, t2, time.time()))
+    # ---------------------------------------------------------------- update (on the groups kept)
+    upd = update(r, ref, rollout.groups(keep, g), adv[rows])
+    upd.groups = [keep[i] for i in upd.groups]
+    r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + drawn
+    record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))
+    record |= {"sample_batches": len(parts), "groups": len(rollout.batch)}
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
     return record, rollout, total, per_fn, adv
@@ -185,7 +233,7 @@ def _gathered(r: Run, rollout: Rollout, total: torch.Tensor, per_fn: dict) -> tu
 
 def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update, times) -> dict:
     """The step's line of metrics.jsonl (TRL's names for the trackers are in trackers.TRL_NAMES)."""
-    cfg, g, (t0, t1, t2, t3) = r.cfg, r.cfg.num_generations, times
+    cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
     n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
     trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
                   for i in upd.groups)
@@ -199,8 +247,8 @@ def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd:
         "completion_len": c_tokens / n, "truncated_frac": sum(rollout.truncated) / n, **adv_stats,
         "frac_skipped": 1 - len(upd.groups) / len(rollout.batch), "grad_norm": upd.grad_norm,
         "lr": r.sched.get_last_lr()[0], "micro_batch_size": upd.micro_batch,
-        "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2, "step_seconds": t3 - t0,
-        "rollout_tok_s": c_tokens / max(t1 - t0, 1e-9),
+        "time_rollout": phases["rollout"], "time_scoring": phases["scoring"], "time_update": t3 - t2,
+        "step_seconds": t3 - t0, "rollout_tok_s": c_tokens / max(phases["rollout"], 1e-9),
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
         "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": r.data_pos,
     }
@@ -242,14 +290,17 @@ def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, ad
                 sums[key] += v / cfg.num_iterations
         if any_rank:
             r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
-        # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum
-        sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda) / cfg.num_iterations
+        # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
+        # decoupled, it pulls the weights back after the optimizer step instead
+        sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled) / cfg.num_iterations
         if any_rank or r.ewc.fisher and cfg.ewc_lambda:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
             if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
                 r.opt.zero_grad(set_to_none=True)
                 break
             r.opt.step()
+            if cfg.ewc_decoupled:
+                r.ewc.pull(model, cfg.ewc_lambda, r.sched.get_last_lr()[0])
             stepped.append(True)
     summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
     return {**sums, **dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))}, float(grad_norm)

@@ -166,8 +166,10 @@ class Tracker:
     def line(self, r: dict) -> str:
         total = f"/{self.total}" if self.total else ""
         kl = f" kl {r['kl']:.4f}" if not math.isnan(r.get("kl", math.nan)) else ""
+        batches = r.get("sample_batches", 1)  # dynamic sampling: groups sampled, groups trained
+        drawn = f" | {batches} batches, trained {round((1 - r['frac_skipped']) * r['groups'])}" if batches > 1 else ""
         return (f"step {r['step']}{total} | reward {r['reward']:.3f} acc {r['accuracy']:.2f}"
-                f" zero-std {r['frac_zero_std']:.2f}{kl} | len {r['completion_len']:.0f}"
+                f" zero-std {r['frac_zero_std']:.2f}{kl}{drawn} | len {r['completion_len']:.0f}"
                 f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
                 f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s"
                 f" | rss {r.get('rss_mb', math.nan):.0f} MB, peak {r['peak_rss_mb']:.0f} MB")

@@ -163,9 +163,12 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
     if main:
         write_status(r.dir, state="training", step=r.step, stage=stage.name, stage_index=k,
                      total_steps=cfg.total_steps, num_stages=n_stages)
+
+    def draw(pos: int) -> list:  # the prompts_per_step problems at position pos of the stage's order
+        return [train_set[order[(pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
+
     while r.stage_step < stage.steps and not done and not stop_agreed(r, stop):
-        batch = [train_set[order[(r.data_pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
-        step = grpo_step(r, ref, reward_fns, batch, stop)
+        step = grpo_step(r, ref, reward_fns, draw, stop)
         if step is None:
             break
         record, rollout, total, per_fn, adv = step
