@@ -209,6 +209,8 @@ def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> 
         f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
         f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
         "every completion at the token limit; shorter completions are faster",
+        *([f"              dynamic sampling: up to {cfg.dynamic_sampling} rollouts a step "
+           f"({cfg.dynamic_sampling * pred.rollout_s:.0f} s), not counted above"] if cfg.dynamic_sampling > 1 else []),
         f"  peak memory {pred.peak_gb:.1f} GB",
         f"  evaluation  {pred.eval_s / 60:.0f} min",
         f"  the run     {pred.wall_s / 60:.0f} min ({h:.1f} h)",
