@@ -52,8 +52,8 @@ class TrainConfig:
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
     ewc_decoupled: bool = _f(False, "EWC as a pull of the weights towards the earlier stages' after each optimizer "
                                     "step, theta -= min(1, lr*lambda*F)*(theta - anchor), like AdamW's weight decay; "
-                                    "off: the penalty's gradient joins the policy gradient, where Adam's scaling "
-                                    "cancels its strength (docs/curriculum.md)")
+                                    "off: the penalty's gradient joins the policy gradient, where clipping and "
+                                    "Adam's scaling cancel its strength (docs/curriculum.md)")
     fisher_samples: int = _f(32, "sampled completions used to estimate the Fisher diagonal at the end of a stage")
     # -- rollouts
     steps: int = _f(30, "optimizer steps (with stages: the budget split equally among stages without steps)")
