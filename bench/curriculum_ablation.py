@@ -88,9 +88,7 @@ def seed_from(ckpt: Path, run: Path) -> None:
 
 def train_all(out: Path, extra: list[str], ckpt: Path | None = None, forgetting: bool = False,
               arms: list[str] | None = None) -> None:
-    profile, runs = "default", FROM_CKPT if ckpt else RUNS
-    if forgetting:
-        profile, runs = "demo", FORGETTING
+    profile, runs = ("default", FROM_CKPT if ckpt else RUNS) if not forgetting else ("demo", FORGETTING)
     runs = {k: v for k, v in runs.items() if k == "ewc" or not arms or k in arms}  # ewc: stage 1 for the others
     if forgetting:
         out.mkdir(parents=True, exist_ok=True)
