@@ -269,11 +269,13 @@ PROFILES: dict[str, dict] = {
     # the curriculum: basic, intermediate, advanced, with EWC against forgetting, on the 0.5B Qwen with LoRA and
     # the instruction it was trained on (SmolLM2-135M learns nothing multi-step: docs/learning.md); advanced
     # trained and evaluated at 320 tokens, where every answer the base model gets right fits (~290 tokens), with
-    # DAPO's overlong shaping; every level evaluated before training and after the last stage, <= 2 hours on 2 cores
-    # (session 9's run took 2 h 05 with 16 advanced steps and 32 Fisher samples: 14 and 16 save ~8 minutes)
+    # DAPO's overlong shaping and dynamic sampling (a quarter of intermediate groups and 60% of advanced ones had
+    # every answer right or every answer wrong: their update taught format and length alone); every level evaluated
+    # before training and after the last stage, <= 2 hours on 2 cores (a second rollout batch a step costs ~1 minute,
+    # paid for with fewer steps than session 12's 14 and 14, which took 1 h 43 without it)
     "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                    stages=["basic:2", "intermediate:14", {"name": "advanced", "steps": 14, "max_new_tokens": 320}],
-                    steps=30, prompts_per_step=4, fisher_samples=16,
+                    stages=["basic:2", "intermediate:12", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
+                    steps=24, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
                     rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
                     max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
                     ewc_lambda=1.0),
