@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 from cpu_grpo import tasks
+from cpu_grpo.allocator import keep_freed_memory
 from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.doctor import matmul_gflops
-from cpu_grpo.models import keep_freed_memory, load_model, set_threads
+from cpu_grpo.models import load_model, set_threads
 from cpu_grpo.planner import Machine, Shapes
 from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
 

@@ -11,7 +11,8 @@ from cpu_grpo.cli import main
 def test_doctor_reports_the_machine(capsys):
     assert main(["doctor", "--seconds", "0.2"]) == 0
     out = capsys.readouterr().out
-    for word in ("cpu ", "AVX-512 BF16", "physical", "GB available", "torch", "GFLOP/s", "models", "extras"):
+    for word in ("cpu ", "AVX-512 BF16", "physical", "GB available", "torch", "GFLOP/s", "allocator", "models",
+                 "extras"):
         assert word in out, word
 
 
@@ -25,9 +26,12 @@ def test_doctor_json_has_measured_numbers(capsys):
 
 def test_advice_follows_the_facts():
     base = {"matmul_gflops": {"bf16": 800, "fp32": 200}, "bf16_kernels": True, "memory_available_gb": 20,
-            "physical_cores": 2, "logical_cpus": 2, "extras": {m: "1.0" for m in doctor.EXTRAS}}
+            "physical_cores": 2, "logical_cpus": 2, "extras": {m: "1.0" for m in doctor.EXTRAS},
+            "jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}
     assert "keep --bf16 true" in doctor.advice(base)[0]
     slow = {**base, "matmul_gflops": {"bf16": 100, "fp32": 200}, "memory_available_gb": 4,
             "extras": {**base["extras"], "gradio": None}}
     said = " ".join(doctor.advice(slow))
     assert "--bf16 false" in said and "4 GB" in said and "cpu-grpo[app]" in said
+    assert not any("jemalloc" in a for a in doctor.advice(base))
+    assert any("apt-get install libjemalloc2" in a for a in doctor.advice({**base, "jemalloc": None}))

@@ -13,7 +13,8 @@ import time
 import torch
 
 from cpu_grpo import checkpoint, config, curriculum, evaluate
-from cpu_grpo.models import keep_freed_memory, set_threads
+from cpu_grpo.allocator import keep_freed_memory
+from cpu_grpo.models import set_threads
 from cpu_grpo.rollout import Sampler, Sampling, stop_ids
 from cpu_grpo.runstate import prepare_model
 

@@ -51,13 +51,15 @@ def _saved_config(overrides: dict):
 
 
 def cmd_train(args) -> int:
-    from . import distributed
+    from . import allocator, distributed
 
     if getattr(args, "nproc", 1) > 1 and not distributed.launched():  # torchrun on this machine, our arguments
         return _torchrun(args.nproc, args.argv)
     from .train import train
 
     cfg = _config_from(args)
+    if args.own_process:  # `cpu-grpo train` itself, not main() called by a program: it may restart with jemalloc
+        allocator.restart_with(cfg.allocator, args.argv)
     try:
         train(cfg, profile=args.profile or args.default_profile, resume=args.resume)
     finally:
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     _other_commands(sub)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.own_process = argv is None
     try:
         return args.func(args)
     except KeyboardInterrupt:  # outside the training loop (which saves a checkpoint and returns by itself)

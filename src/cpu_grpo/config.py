@@ -104,6 +104,8 @@ class TrainConfig:
     on_collapse: str = _f("warn", "when every group's rewards have been all equal for 5 steps in a row (nothing is "
                                   "learned): warn, or stop the run")
     threads: int = _f(0, "torch threads (0: one per physical core)")
+    allocator: str = _f("auto", "memory allocator of `cpu-grpo train`: auto (jemalloc where the system has it: half "
+                                "the memory of glibc's at the same speed; glibc otherwise), jemalloc, or glibc")
     ddp_timeout: int = _f(1800, "seconds a rank waits for the others (torchrun runs) before the run stops with a "
                                 "message naming the rank that failed")
     report_to: list[str] = _f([], "experiment trackers besides metrics.jsonl: tensorboard, trackio, wandb (offline "
@@ -140,6 +142,7 @@ class TrainConfig:
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "
                                       "the gradient"),
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
+            (self.allocator in ("auto", "jemalloc", "glibc"), "allocator must be auto, jemalloc or glibc"),
             (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
             (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),

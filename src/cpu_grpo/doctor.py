@@ -1,7 +1,8 @@
 """`cpu-grpo doctor`: what this machine brings to a run, measured where it matters.
 
 The CPU and the flags that decide bf16 speed (AVX-512 BF16, AMX), physical cores, memory, torch and its threads,
-bf16 and fp32 matmul speed measured for a moment, the model cache, and the optional extras installed.
+bf16 and fp32 matmul speed measured for a moment, the memory allocator training will use, the model cache, and
+the optional extras installed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def facts(seconds: float = 2.0) -> dict:
     import psutil
     import torch
 
+    from .allocator import find_jemalloc
     from .models import ALIASES, cache_dir, set_threads
     from .runstate import bf16_supported
 
@@ -67,7 +69,7 @@ def facts(seconds: float = 2.0) -> dict:
         "bf16_kernels": bf16_supported(),
         "matmul_gflops": {"bf16": round(matmul_gflops(torch.bfloat16, seconds / 2)),
                           "fp32": round(matmul_gflops(torch.float32, seconds / 2))},
-        "model_cache": str(cache_dir()), "models_cached": cached,
+        "jemalloc": find_jemalloc(), "model_cache": str(cache_dir()), "models_cached": cached,
         "extras": {module: _version(module) for module in EXTRAS},
     }
 
@@ -92,6 +94,11 @@ def advice(f: dict) -> list[str]:
     if f["memory_available_gb"] < 8:
         out.append(f"{f['memory_available_gb']} GB of memory is free: the 0.5B default profile peaks near 7 GB; "
                    "the demo (SmolLM2-135M) near 6 GB.")
+    if not f["jemalloc"]:
+        from .allocator import INSTALL
+
+        out.append(f"no jemalloc here: training runs on glibc's malloc, whose memory grows step after step (the demo: "
+                   f"6.2 GB after 12 steps against 3.8 GB with jemalloc): {INSTALL}.")
     if f["physical_cores"] and f["physical_cores"] < (f["logical_cpus"] or 0):
         out.append(f"{f['logical_cpus']} logical CPUs on {f['physical_cores']} cores: cpu-grpo uses one thread per "
                    "core (hyper-threads slow matmuls down).")
@@ -117,6 +124,8 @@ def render(f: dict) -> str:
         f"software    python {f['python']}, torch {f['torch']}, bf16 kernels {'yes' if f['bf16_kernels'] else 'no'}",
         f"matmul      bf16 {f['matmul_gflops']['bf16']} GFLOP/s, fp32 {f['matmul_gflops']['fp32']} GFLOP/s "
         "(1024^3, best over a second each)",
+        f"allocator   {'jemalloc (' + f['jemalloc'] + ')' if f['jemalloc'] else 'glibc (no jemalloc found)'} for "
+        "cpu-grpo train",
         f"models      {f['model_cache']}: {models}",
         f"extras      {extras}",
         "",

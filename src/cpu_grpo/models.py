@@ -300,22 +300,3 @@ def set_threads(n: int | None = None, ranks_here: int = 1) -> int:
     n = n or max(1, (psutil.cpu_count(logical=False) or os.cpu_count() or 1) // max(1, ranks_here))
     torch.set_num_threads(n)
     return n
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc serve large tensors from its heap and keep what is freed, instead of one mmap per tensor.
-
-    By default every block over 32 MB is a fresh mmap returned to the system when freed, so each (chunk,
-    vocabulary) logits tensor and each full-size gradient of a training pass pays page faults that zero its
-    memory again: ~10% of the training pass for SmolLM2-135M here. Returns False where there is no glibc.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
-    except (OSError, AttributeError):
-        return False

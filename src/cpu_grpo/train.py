@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoint, curriculum, distributed, planner, report, rewards, tasks, tracking
+from . import allocator, checkpoint, curriculum, distributed, planner, report, rewards, tasks, tracking
 from .config import TrainConfig, describe, plan, save
-from .models import keep_freed_memory, set_threads
+from .models import set_threads
 from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
 from .stages import enter_stage, evaluate_all, finish_stage, promoted, stage_finished
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
@@ -102,10 +102,10 @@ class _NoTracker:
 
 def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: float, log, profile: str) -> Path:
     threads = set_threads(cfg.threads or None, ranks_here=world.local_size)
-    keep_freed_memory()
+    malloc = allocator.setup(cfg.allocator)
     stages = plan(cfg)
     ranks = f", {world.size} ranks" if world.size > 1 else ""
-    log(f"run: {run_dir}  (threads {threads}{ranks})\nconfig:\n{describe(cfg)}")
+    log(f"run: {run_dir}  (threads {threads}{ranks}, allocator {malloc})\nconfig:\n{describe(cfg)}")
     busy = os.getloadavg()[0]
     if busy > 0.5 and world.size == 1:  # OpenMP threads that share their cores with another job run slower
         log(f"note: the CPU is already busy (load average {busy:.1f} on {os.cpu_count()} cores): steps will be slower")
