@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from cpu_grpo import config
@@ -30,6 +31,8 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
     assert lora.update_s < p.update_s and lora.peak_gb < p.peak_gb
     assert p.wall_s == 10 * p.step_s and p.eval_s == 0
     assert predict(base, shapes, MACHINE, completion_len=48).step_s < p.step_s
+    dynamic = predict(config.build(None, None, {**base.to_dict(), "dynamic_sampling": 3}), shapes, MACHINE)
+    assert dynamic.rollout_s == pytest.approx(3 * p.rollout_s) and dynamic.update_s == p.update_s  # worst case
     evaluated = predict(config.build(None, None, {**base.to_dict(), "eval_size": 100}), shapes, MACHINE)
     assert evaluated.eval_s > 0 and evaluated.wall_s > p.wall_s
     long_eval = config.build(None, None, {**base.to_dict(), "eval_size": 400, "eval_max_new_tokens": 4096})

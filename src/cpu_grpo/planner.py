@@ -129,11 +129,13 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
 
 
 def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
-    """A step's rollout and update seconds with every completion at `t` tokens."""
+    """A step's rollout and update seconds with every completion at `t` tokens, and with dynamic sampling every
+    rollout batch it may draw (the default profile drew two in 22 of 24 steps: docs/learning.md, session 14)."""
     e = EFFICIENCY
     rows = cfg.prompts_per_step * cfg.num_generations
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
-    rollout = _decode_seconds(shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
+    batches = max(1, cfg.dynamic_sampling)
+    rollout = batches * _decode_seconds(shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
     tokens = rows * t + cfg.prompts_per_step * prompt_len
     per_token = 4 if cfg.use_lora else 6
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
@@ -209,8 +211,8 @@ def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> 
         f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
         f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
         "every completion at the token limit; shorter completions are faster",
-        *([f"              dynamic sampling: up to {cfg.dynamic_sampling} rollouts a step "
-           f"({cfg.dynamic_sampling * pred.rollout_s:.0f} s), not counted above"] if cfg.dynamic_sampling > 1 else []),
+        *([f"              (the rollout: {cfg.dynamic_sampling} batches of prompts, the most dynamic sampling draws)"]
+          if cfg.dynamic_sampling > 1 else []),
         f"  peak memory {pred.peak_gb:.1f} GB",
         f"  evaluation  {pred.eval_s / 60:.0f} min",
         f"  the run     {pred.wall_s / 60:.0f} min ({h:.1f} h)",
