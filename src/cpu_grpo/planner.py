@@ -130,7 +130,7 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
 
 def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
     """A step's rollout and update seconds with every completion at `t` tokens, and with dynamic sampling every
-    rollout batch it may draw (the default profile drew two in 22 of 24 steps: docs/learning.md, session 14)."""
+    rollout batch it may draw (the default profile drew two in 21 of 24 steps: docs/learning.md, session 14)."""
     e = EFFICIENCY
     rows = cfg.prompts_per_step * cfg.num_generations
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
