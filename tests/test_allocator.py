@@ -43,4 +43,3 @@ def test_jemalloc_asked_for_and_missing_is_one_sentence(monkeypatch):
     with pytest.raises(UserError, match="was not started with it"):  # a program that calls train() itself
         allocator.setup("jemalloc")
     assert allocator.setup("auto") == "glibc"
-

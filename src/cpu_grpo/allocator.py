@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .errors import UserError
 
-CHOICES = ("auto", "jemalloc", "glibc")
 INSTALL = "apt-get install libjemalloc2 (Debian, Ubuntu) or dnf install jemalloc (Fedora)"
 _RESTARTED = "CPU_GRPO_ALLOCATOR_RESTARTED"  # set on the restart, so that a preload that fails cannot loop
 _PLACES = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
