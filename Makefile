@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@# jemalloc: `cpu-grpo train` runs on it where the system has it (half the memory of glibc's malloc); as root on
 	@# Debian/Ubuntu it is installed here, elsewhere `cpu-grpo doctor` says how
-	ls /usr/lib/*/libjemalloc.so.2 /usr/lib*/libjemalloc.so.2 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends libjemalloc2' || echo "note: libjemalloc2 not installed: training uses glibc's malloc (more memory)"
+	ldconfig -p 2>/dev/null | grep -q libjemalloc || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends libjemalloc2' || echo "note: libjemalloc2 not installed: training uses glibc's malloc (more memory)"
 	touch $@
 
 install: $(VENV)/.installed
