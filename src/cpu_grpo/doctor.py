@@ -14,6 +14,8 @@ import platform
 import time
 from pathlib import Path
 
+from .allocator import INSTALL, find_jemalloc
+
 FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16"}
 EXTRAS = {"gradio": "app", "math_verify": "eval", "matplotlib": "eval", "tensorboard": "track", "trackio": "track",
           "wandb": "track"}  # optional module: the extra that installs it
@@ -53,7 +55,6 @@ def facts(seconds: float = 2.0) -> dict:
     import psutil
     import torch
 
-    from .allocator import find_jemalloc
     from .models import ALIASES, cache_dir, set_threads
     from .runstate import bf16_supported
 
@@ -95,8 +96,6 @@ def advice(f: dict) -> list[str]:
         out.append(f"{f['memory_available_gb']} GB of memory is free: the demo (SmolLM2-135M) peaks near 4.6 GB on "
                    "jemalloc (7 GB on glibc); the 0.5B default profile reached 7.8-9.2 GB on glibc.")
     if not f["jemalloc"]:
-        from .allocator import INSTALL
-
         out.append(f"no jemalloc here: training runs on glibc's malloc, whose memory grows step after step (the demo: "
                    f"6.2 GB after 12 steps against 3.8 GB with jemalloc): {INSTALL}.")
     if f["physical_cores"] and f["physical_cores"] < (f["logical_cpus"] or 0):
