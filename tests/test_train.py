@@ -382,6 +382,14 @@ def test_teaching_groups_are_the_first_whose_first_reward_varies():
     assert teaching(cfg, per_fn) == [1, 3]  # group 2 (nan, 0) is all 0; 4 would be the third
     off = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2})
     assert teaching(off, per_fn) == [0, 1, 2, 3, 4]
+    hardest = config.build(None, None, {"num_generations": 4, "prompts_per_step": 2, "dynamic_sampling": 2,
+                                        "dynamic_sampling_keep": "hardest"})
+    right = [1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1]  # 3/4, 0, 1/4, 4/4, 1/4, 3/4
+    assert teaching(hardest, {"correctness": right}) == [2, 4]  # the two with one right answer, in their order
+    first = config.build(None, None, {**hardest.to_dict(), "dynamic_sampling_keep": "first"})
+    assert teaching(first, {"correctness": right}) == [0, 2]
+    with pytest.raises(ConfigError, match="dynamic_sampling_keep must be first or hardest"):
+        config.build(None, None, {"dynamic_sampling_keep": "easiest"})
     with pytest.raises(ConfigError, match="dynamic_sampling must be >= 0"):
         config.build(None, None, {"dynamic_sampling": -1})
 

@@ -80,6 +80,9 @@ class TrainConfig:
     dynamic_sampling: int = _f(0, "DAPO's dynamic sampling: up to this many rollout batches a step, until "
                                   "prompts_per_step groups whose first reward (correctness) differs within the group "
                                   "are found; only those are trained (0: off, every group of one batch)")
+    dynamic_sampling_keep: str = _f("first", "which of those groups dynamic sampling trains when more than "
+                                             "prompts_per_step are found: first (DAPO) | hardest (fewest right "
+                                             "answers first, like Kimi k1.5's prioritised sampling)")
     # -- optimisation
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
@@ -137,6 +140,7 @@ class TrainConfig:
             (0 <= self.epsilon < 1 and self.epsilon_high >= 0, "epsilon must be in [0, 1), epsilon_high >= 0"),
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
             (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
+            (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "

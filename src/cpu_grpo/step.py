@@ -16,7 +16,8 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 7. With `dynamic_sampling: N` (DAPO, Yu et al., 2025), a step samples up to N batches of prompts_per_step prompts
    until that many groups whose correctness differs within the group are found, and trains on those alone: a group
    whose samples are all right or all wrong teaches nothing about the answer (with format and length rewards it
-   would still teach those). Every group sampled is logged.
+   would still teach those). Every group sampled is logged. `dynamic_sampling_keep: hardest` trains, of the groups
+   found, those with the fewest right answers (Kimi k1.5 samples problems by their failure rate).
 The run around the step (stages, evaluations, resume, stop, report) is train.py.
 """
 
@@ -98,13 +99,17 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
 
 
 def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]]) -> list[int]:
-    """The groups the update trains on. With `dynamic_sampling` (DAPO), the first prompts_per_step groups whose
-    first reward function (correctness by default) is not the same for every sample; otherwise every group."""
+    """The groups the update trains on. With `dynamic_sampling` (DAPO), prompts_per_step groups whose first reward
+    function (correctness by default) is not the same for every sample: the first ones, or with
+    `dynamic_sampling_keep: hardest` those with the lowest mean of it (the first among equals), in their order;
+    otherwise every group."""
     g, n = cfg.num_generations, len(next(iter(per_fn.values()))) // cfg.num_generations
     if not cfg.dynamic_sampling:
         return list(range(n))
-    first = torch.tensor(next(iter(per_fn.values()))).nan_to_num(0.0).view(n, g)
+    first = torch.tensor(next(iter(per_fn.values())), dtype=torch.float).nan_to_num(0.0).view(n, g)
     varies = (first != first[:, :1]).any(dim=1).nonzero().flatten().tolist()
+    if cfg.dynamic_sampling_keep == "hardest":
+        varies = sorted(sorted(varies, key=lambda i: first[i].mean().item())[:cfg.prompts_per_step])
     return varies[:cfg.prompts_per_step]
 
 
