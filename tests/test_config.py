@@ -125,6 +125,18 @@ def test_default_profile_is_the_three_stage_curriculum():
     assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 320]  # advanced at its own limit, the others the run's
 
 
+def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_problems():
+    from cpu_grpo import curriculum
+
+    cfg = build(profile="gsm8k")
+    assert [(s.task, s.steps) for s in plan(cfg)] == [("gsm8k", 24)] and cfg.use_lora and "overlong" in cfg.rewards
+    held = curriculum.held_out(cfg)
+    assert [(h.task, len(h.examples), h.max_new_tokens) for h in held] == [("gsm8k", 500, 256)]
+    assert held[0].examples == curriculum.held_out(build("gsm8k", None, {"seed": 1}))[0].examples
+    trained = curriculum.load(cfg, "gsm8k", cfg.train_size, cfg.seed, "train")
+    assert len(trained) == 7473 and not {e.question for e in trained} & {e.question for e in held[0].examples}
+
+
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
     assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 30)]
