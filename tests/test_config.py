@@ -119,8 +119,8 @@ def test_build_without_anything_is_the_defaults():
 def test_default_profile_is_the_three_stage_curriculum():
     cfg = build(profile="default")
     assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
-        ("basic", "basic", 2), ("intermediate", "intermediate", 18), ("advanced", "advanced", 10)]
-    assert cfg.total_steps == 30 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
+        ("basic", "basic", 2), ("intermediate", "intermediate", 12), ("advanced", "advanced", 10)]
+    assert cfg.total_steps == 24 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
     assert "overlong" in cfg.rewards
     assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 320]  # advanced at its own limit, the others the run's
 
@@ -139,7 +139,7 @@ def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
-    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 30)]
+    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 24)]
     assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
 
 
@@ -381,12 +381,12 @@ def test_the_config_reference_in_docs_is_up_to_date():
 def test_steps_scales_a_profiles_own_stage_steps():
     """--steps wins over a profile whose stages fix their steps: they are scaled to it, in proportion."""
     cfg = build("default", None, {"steps": 20})
-    # 2, 18, 10 of 30 scaled to 20: 1.3, 12, 6.7, rounded to a sum of 20
-    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 1), ("intermediate", 12), ("advanced", 7)]
+    # 2, 12, 10 of 24 scaled to 20: 1.7, 10, 8.3, rounded to a sum of 20
+    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 2), ("intermediate", 10), ("advanced", 8)]
     assert build("default", None, {"steps": 3}).total_steps == 3
     assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
     assert build("demo", None, {"steps": 20}).total_steps == 20
-    assert build("default", None, {}).total_steps == 30
+    assert build("default", None, {}).total_steps == 24
 
 
 def test_doctests():

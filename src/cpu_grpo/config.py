@@ -278,11 +278,12 @@ PROFILES: dict[str, dict] = {
     # trained and evaluated at 320 tokens, where every answer the base model gets right fits (~290 tokens), with
     # DAPO's overlong shaping and dynamic sampling (a quarter of intermediate groups and 60% of advanced ones had
     # every answer right or every answer wrong: their update taught format and length alone); every level evaluated
-    # before training and after the last stage, <= 2 hours on 2 cores (a second rollout batch a step costs ~1 minute;
-    # 18 intermediate steps because 12 left seed 1's intermediate gain at +3.0, n.s.: docs/learning.md, session 15)
+    # before training and after the last stage, <= 2 hours on 2 cores (a second rollout batch a step costs ~1 minute,
+    # paid for with fewer steps than session 12's 14 and 14, which took 1 h 43 without it; 18 intermediate steps
+    # instead of 12 did not help seed 1's intermediate: docs/learning.md, session 15)
     "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                    stages=["basic:2", "intermediate:18", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
-                    steps=30, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
+                    stages=["basic:2", "intermediate:12", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
+                    steps=24, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
                     rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
                     max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
                     ewc_lambda=1.0),
