@@ -278,3 +278,64 @@ def test_stop_during_the_base_evaluation_keeps_it(tiny_model, tmp_path, reward_f
     monkeypatch.setattr(evaluate, "run_eval", real)
     train(tiny_cfg(tiny_model, out, reward_file), log=lambda *a: None)  # the same command again
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------- prioritised sampling by type
+def test_type_priority_draws_the_types_the_rollouts_get_wrong_more_often():
+    from collections import Counter
+
+    from cpu_grpo.tasks import generate
+
+    data = generate("intermediate", 400, seed=0, split="train")
+    p = curriculum.TypePriority(data, list(range(len(data))), seed=3)
+    types = list(p.by_type)
+    assert len(types) == 10 and all(types)
+    alike = Counter(ex.template for ex in p.draw(0, 2000, {}))  # no rollouts yet: every type weighs the same
+    assert min(alike.values()) > 150 and max(alike.values()) < 250
+    hard = types[0]
+    counts = {t: [80, 0 if t == hard else 80] for t in types}
+    drawn = Counter(ex.template for ex in p.draw(0, 2000, counts))
+    # hard weighs 1 - 1/82 = 0.988, each of the nine others the floor 0.2: hard is 0.988 / 2.788 = 35% of the draws
+    assert drawn[hard] / 2000 == pytest.approx(0.988 / 2.788, abs=0.04)
+    assert p.draw(5, 4, counts) == p.draw(5, 4, counts) != p.draw(9, 4, counts)  # a function of position and counts
+
+
+def test_type_priority_counts_samples_and_right_answers_by_type():
+    from cpu_grpo.tasks import generate
+
+    data = generate("intermediate", 40, seed=0, split="train")
+    a = data[0]
+    b = next(ex for ex in data if ex.template != a.template)
+    counts = {a.template: [4, 1]}
+    curriculum.TypePriority.count(counts, [a, b], [1.0, 0.0, float("nan"), 0.5, 0.0, 0.0, 0.0, 0.0])
+    assert counts == {a.template: [8, 3], b.template: [4, 0]}  # NaN (nothing to score) is not right
+
+
+NO_BIKE = """
+def no_bike_reward(completions, question, **kw):
+    return [0.0 if "bike" in q else 1.0 for q in question]
+"""
+
+
+def test_prioritized_sampling_draws_the_failing_type_more_and_resumes_the_same(tiny_model, tmp_path):
+    """A reward that only the bike problems never earn: the stage draws them more often than a tenth of the time,
+    stages.jsonl keeps the counts its draws were weighted by, and a run resumed after step 2 draws the same
+    problems in steps 3 and 4 as one that was not stopped (the counts are in the checkpoint)."""
+    reward = tmp_path / "no_bike.py"
+    reward.write_text(NO_BIKE)
+
+    def cfg(out, steps):
+        return tiny_cfg(tiny_model, out, reward, task="intermediate", eval_size=0, steps=steps, prompts_per_step=4,
+                        rewards=[f"{reward}:no_bike_reward"], prioritized_sampling=True)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(cfg(a, 6), log=lambda *x: None)
+    groups = read_jsonl(a / "groups.jsonl")
+    bikes = [g for g in groups if "bike" in g["question"]]
+    assert len(bikes) > len(groups) / 10 * 2  # uniform sampling would draw 1 in 10
+    (stage,) = read_jsonl(a / "stages.jsonl")
+    assert stage["type_counts"]["_ wants a bike that costs ..."] == [4 * len(bikes), 0]
+    assert sum(n for n, _ in stage["type_counts"].values()) == 4 * len(groups)
+    train(cfg(b, 2), log=lambda *x: None)
+    train(cfg(b, 6), resume=True, log=lambda *x: None)
+    assert [g["question"] for g in read_jsonl(b / "groups.jsonl")] == [g["question"] for g in groups]

@@ -49,6 +49,10 @@ class TrainConfig:
                                "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
+    prioritized_sampling: bool = _f(False, "draw a stage's problem types by how often the stage's rollouts got them "
+                                           "wrong so far (Kimi k1.5's prioritised sampling): a type right a fraction "
+                                           "p of the time is drawn in proportion to max(1 - p, 0.2); off: the "
+                                           "stage's shuffled order. Problems from files are one type")
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
     ewc_decoupled: bool = _f(False, "EWC as a pull of the weights towards the earlier stages' after each optimizer "
                                     "step, theta -= min(1, lr*lambda*F)*(theta - anchor), like AdamW's weight decay; "

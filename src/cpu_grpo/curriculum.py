@@ -1,4 +1,5 @@
-"""Curriculum stages, the diagonal Fisher information, Elastic Weight Consolidation, the forgetting matrix.
+"""Curriculum stages (their data, prioritised sampling by problem type), the diagonal Fisher information, Elastic
+Weight Consolidation, the forgetting matrix.
 
 EWC (Kirkpatrick et al., 2017) adds `lambda/2 * sum_k sum_i F_k,i (theta_i - theta*_k,i)^2` over earlier
 stages k. The sum over stages is kept in closed form: sum_k F_k (theta - a_k)^2 equals
@@ -13,6 +14,7 @@ optimizer step (EWC.pull), since Adam cancels a gradient penalty's strength.
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,42 @@ class HeldOut:
     task: str
     examples: list[tasks.Example]
     max_new_tokens: int
+
+
+class TypePriority:
+    """Kimi k1.5's prioritised sampling (Kimi Team, 2025), by problem type: a stage's problems are drawn type
+    first, each type in proportion to its failure rate in the stage's rollouts so far, max(1 - p, FLOOR) with p =
+    (right + 1) / (samples + 2), then a problem of that type at random. A type the model always gets right is still
+    drawn at FLOOR's rate; before any rollout every type weighs the same. The draw at a data position is a function
+    of the seed, the position and the counts, so every rank draws the same problems and a resumed run the same."""
+
+    FLOOR = 0.2
+
+    def __init__(self, data: list[tasks.Example], order: list[int], seed: int):
+        self.data, self.seed = data, seed
+        self.by_type: dict[str, list[int]] = {}
+        for i in order:
+            self.by_type.setdefault(data[i].template, []).append(i)
+
+    def weight(self, counts: dict[str, list[int]], template: str) -> float:
+        samples, right = counts.get(template, (0, 0))
+        return max(1 - (right + 1) / (samples + 2), self.FLOOR)
+
+    def draw(self, pos: int, n: int, counts: dict[str, list[int]]) -> list[tasks.Example]:
+        rng = random.Random(f"{self.seed}:{pos}")
+        types = list(self.by_type)
+        picked = rng.choices(types, [self.weight(counts, t) for t in types], k=n)
+        return [self.data[self.by_type[t][rng.randrange(len(self.by_type[t]))]] for t in picked]
+
+    @staticmethod
+    def count(counts: dict[str, list[int]], batch: list[tasks.Example], first_reward: list[float]) -> None:
+        """Add a step's groups to `counts` (template -> [samples, right]); right: the first reward is above 0."""
+        g = len(first_reward) // len(batch)
+        for i, ex in enumerate(batch):
+            rewards = first_reward[i * g:(i + 1) * g]
+            c = counts.setdefault(ex.template, [0, 0])
+            c[0] += g
+            c[1] += sum(1 for x in rewards if x == x and x > 0)  # NaN (no answer to score) is not right
 
 
 def held_out(cfg: TrainConfig) -> list[HeldOut]:

@@ -92,6 +92,7 @@ class Run:
     stage_index: int = 0  # the stage being trained
     stage_step: int = 0  # steps done in that stage
     data_pos: int = 0  # prompts of that stage's training order consumed
+    type_counts: dict = field(default_factory=dict)  # that stage's rollouts by problem type: [samples, right]
     max_new_tokens: int = 0  # that stage's completion limit in training (0: the config's)
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
@@ -157,6 +158,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
         run.step, run.data_pos = state["step"], state["data_pos"]
         run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
         run.all_equal_steps = state.get("all_equal_steps", 0)
+        run.type_counts = state.get("type_counts", {})
         if (ckpt / curriculum.EWC_FILE).exists():
             run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
         log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
@@ -193,7 +195,7 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
         return
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": rngs[0], "rng_ranks": rngs,
              "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step,
-             "all_equal_steps": r.all_equal_steps}
+             "all_equal_steps": r.all_equal_steps, "type_counts": r.type_counts}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:
         checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,

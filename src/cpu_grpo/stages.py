@@ -90,6 +90,8 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
     record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
               "validation_accuracy": promoted_at}
+    if cfg.prioritized_sampling:  # what the stage's draws were weighted by: samples and right answers by type
+        record["type_counts"] = r.type_counts
     path = stage_eval_path(r.dir, k, stage.name)
     if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
         if r.world.main:

@@ -140,7 +140,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
             if k < r.stage_index:
                 continue
             if k > r.stage_index:
-                r.stage_index, r.stage_step, r.data_pos = k, 0, 0
+                r.stage_index, r.stage_step, r.data_pos, r.type_counts = k, 0, 0, {}
             train_set, order = enter_stage(r, k, stage, len(stages))
             reward_fns = [rewards.load_reward(spec, r.limit) for spec in cfg.rewards]  # `overlong` needs the limit
             promoted_at = _run_stage(r, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
@@ -164,7 +164,11 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
         write_status(r.dir, state="training", step=r.step, stage=stage.name, stage_index=k,
                      total_steps=cfg.total_steps, num_stages=n_stages)
 
+    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if cfg.prioritized_sampling else None
+
     def draw(pos: int) -> list:  # the prompts_per_step problems at position pos of the stage's order
+        if priority:
+            return priority.draw(pos, cfg.prompts_per_step, r.type_counts)
         return [train_set[order[(pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
 
     while r.stage_step < stage.steps and not done and not stop_agreed(r, stop):
@@ -172,6 +176,8 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
         if step is None:
             break
         record, rollout, total, per_fn, adv = step
+        if priority:
+            priority.count(r.type_counts, rollout.batch, next(iter(per_fn.values())))
         promoted_at = promoted(r, stage, val)
         record = {**record, "stage": stage.name, "stage_index": k, "stage_steps": stage.steps,
                   **({"validation_accuracy": promoted_at} if promoted_at is not None else {})}
