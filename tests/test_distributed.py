@@ -107,6 +107,23 @@ def test_two_ranks_agree_on_dynamic_sampling(tiny_model, tmp_path):
         assert trained == [x for x in step if len(x["question"]) % 2][:4]
 
 
+def test_two_ranks_draw_the_prioritized_problems_of_one_process(tiny_model, tmp_path):
+    """prioritized_sampling under torchrun: the draws follow counts of the gathered groups, so two ranks draw the
+    problems one process draws, step after step (only the bike problems never earn the reward: the counts move)."""
+    from test_curriculum import NO_BIKE
+
+    reward = tmp_path / "no_bike.py"
+    reward.write_text(NO_BIKE)
+    drawn = {}
+    for name, run in (("one", alone), ("two", torchrun)):
+        out = tmp_path / name
+        out.mkdir()
+        ok(run("train", str(out), fields(tiny_model, out, reward, steps=3, eval_size=0, task="intermediate",
+                                         prioritized_sampling=True, rewards=[f"{reward}:no_bike_reward"])))
+        drawn[name] = [g["question"] for g in read_jsonl(out / "groups.jsonl")]
+    assert drawn["one"] == drawn["two"] and any("bike" in q for q in drawn["one"])
+
+
 def test_a_killed_rank_stops_the_others_with_its_name_and_the_run_resumes(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     out.mkdir()
