@@ -166,7 +166,7 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
 
     priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if cfg.prioritized_sampling else None
 
-    def draw(pos: int) -> list:  # the prompts_per_step problems at position pos of the stage's order
+    def draw(pos: int) -> list:  # prompts_per_step problems: at position pos of the stage's order, or by type
         if priority:
             return priority.draw(pos, cfg.prompts_per_step, r.type_counts)
         return [train_set[order[(pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
