@@ -49,9 +49,8 @@ class TrainConfig:
                                "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
-    prioritized_sampling: bool = _f(False, "draw a stage's problem types by how often the stage's rollouts got them "
-                                           "wrong so far (Kimi k1.5's prioritised sampling): a type right a fraction "
-                                           "p of the time is drawn in proportion to max(1 - p, 0.2); off: the "
+    prioritized_sampling: bool = _f(False, "draw a stage's problem types in proportion to max(1 - p, 0.2), p: how "
+                                           "often its rollouts got the type right so far (Kimi k1.5); off: the "
                                            "stage's shuffled order. Problems from files are one type")
     ewc_lambda: float = _f(0.0, "EWC weight on earlier stages (Fisher normalised to mean 1 per stage; 0: off)")
     ewc_decoupled: bool = _f(False, "EWC as a pull of the weights towards the earlier stages' after each optimizer "
@@ -84,9 +83,8 @@ class TrainConfig:
     dynamic_sampling: int = _f(0, "DAPO's dynamic sampling: up to this many rollout batches a step, until "
                                   "prompts_per_step groups whose first reward (correctness) differs within the group "
                                   "are found; only those are trained (0: off, every group of one batch)")
-    dynamic_sampling_keep: str = _f("first", "which of those groups dynamic sampling trains when more than "
-                                             "prompts_per_step are found: first (DAPO) | hardest (fewest right "
-                                             "answers first, like Kimi k1.5's prioritised sampling)")
+    dynamic_sampling_keep: str = _f("first", "which varying groups dynamic sampling trains when it finds more than "
+                                             "prompts_per_step: first (DAPO) | hardest (fewest right answers)")
     # -- optimisation
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
@@ -283,17 +281,15 @@ PROFILES: dict[str, dict] = {
     # DAPO's overlong shaping and dynamic sampling (a quarter of intermediate groups and 60% of advanced ones had
     # every answer right or every answer wrong: their update taught format and length alone); every level evaluated
     # before training and after the last stage, <= 2 hours on 2 cores (a second rollout batch a step costs ~1 minute,
-    # paid for with fewer steps than session 12's 14 and 14, which took 1 h 43 without it; 18 intermediate steps
-    # instead of 12 did not help seed 1's intermediate: docs/learning.md, session 15)
+    # paid for with fewer steps than session 12's 14 and 14; 18 intermediate steps did not help: learning.md, s. 15)
     "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
                     stages=["basic:2", "intermediate:12", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
                     steps=24, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
                     rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
                     max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
                     ewc_lambda=1.0),
-    # the default profile's model on real GSM8K: trained on its train file, evaluated on the first 500 problems of
-    # its test file (the same at every seed), at 256 tokens, where the base model finishes only 45% of its answers:
-    # overlong shaping rewards finishing right within the limit (docs/learning.md, session 14)
+    # the default profile's model on GSM8K's train file, evaluated on its first 500 test problems (the same at every
+    # seed) at 256 tokens, where the base model finishes 45% of its answers (docs/learning.md, sessions 14-15)
     "gsm8k": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
                   task="gsm8k", steps=24, prompts_per_step=4, dynamic_sampling=2,
                   rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
