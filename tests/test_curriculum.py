@@ -320,7 +320,7 @@ def no_bike_reward(completions, question, **kw):
 def test_prioritized_sampling_draws_the_failing_type_more_and_resumes_the_same(tiny_model, tmp_path):
     """A reward that only the bike problems never earn: the stage draws them more often than a tenth of the time,
     stages.jsonl keeps the counts its draws were weighted by, and a run resumed after step 2 draws the same
-    problems in steps 3 and 4 as one that was not stopped (the counts are in the checkpoint)."""
+    problems in steps 3 to 6 as one that was not stopped (the counts are in the checkpoint)."""
     reward = tmp_path / "no_bike.py"
     reward.write_text(NO_BIKE)
 
