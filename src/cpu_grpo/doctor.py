@@ -93,8 +93,8 @@ def advice(f: dict) -> list[str]:
     else:
         out.append(f"bf16 matmuls are not faster than fp32 here ({ratio:.1f}x): --bf16 false may be faster.")
     if f["memory_available_gb"] < 8:
-        out.append(f"{f['memory_available_gb']} GB of memory is free: the demo (SmolLM2-135M) peaks near 4.6 GB on "
-                   "jemalloc (7 GB on glibc); the 0.5B default profile reached 7.8-9.2 GB on glibc.")
+        out.append(f"{f['memory_available_gb']} GB of memory is free: on jemalloc the demo (SmolLM2-135M) peaks near "
+                   "4.4 GiB and the 0.5B default profile near 3.6 GiB (on glibc 6.7 and 7.4-8.8 GiB).")
     if not f["jemalloc"]:
         out.append(f"no jemalloc here: training runs on glibc's malloc, whose memory grows step after step (the demo: "
                    f"6.2 GB after 12 steps against 3.8 GB with jemalloc): {INSTALL}.")
