@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -145,8 +146,7 @@ class TrainConfig:
             (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping); a negative norm would reverse "
-                                      "the gradient"),
+            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping)"),
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
             (self.allocator in ("auto", "jemalloc", "glibc"), "allocator must be auto, jemalloc or glibc"),
             (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
@@ -192,6 +192,8 @@ _STAGE_KEYS = {f.name for f in fields(Stage)}
 def parse_stage(spec) -> dict:
     """'basic', 'basic:10' or {'name': ..., 'task': ..., 'steps': ...} -> a dict of Stage fields."""
     if isinstance(spec, str):
+        if spec.strip()[:1] in "[{":  # JSON or a YAML flow list typed on the command line
+            raise ConfigError("--stages takes names or name:steps: put stage mappings in a --config YAML file.")
         name, _, steps = spec.strip().partition(":")
         spec = {"name": name, **({"steps": steps} if steps else {})}
     if not isinstance(spec, dict) or not spec.get("name"):
@@ -371,8 +373,6 @@ def coerce(f: dataclasses.Field, value):
 
 def save(cfg: TrainConfig, path: str | Path) -> None:
     """Write the config as YAML, atomically (a full disk leaves the old file, never an empty one)."""
-    import os
-
     import yaml
 
     tmp = Path(f"{path}.tmp")
