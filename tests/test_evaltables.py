@@ -108,6 +108,16 @@ def test_paired_table_and_sentences():
     assert any(s.startswith("basic, calculation steps per answer: +0.50") for s in sentences)
 
 
+def test_paired_cells_over_other_problems_say_their_n():
+    # consistency: defined on 2 problems before (T, F), 3 after (T, T, F), and on both sides for problem 1 only
+    text = metric_table(metric_summary(BEFORE, AFTER))
+    row = next(line for line in text.splitlines() if line.startswith("| answer-work consistency"))
+    assert row.startswith("| answer-work consistency | 2 | 50.0% (")
+    assert " n=3 | +0.0 (+0.0 to +0.0) n=1 | 1 |" in row
+    full = next(line for line in text.splitlines() if line.startswith("| accuracy (auto extractor)"))
+    assert "n=" not in full  # every cell over the row's 4 problems
+
+
 def test_sampled_summary_and_table():
     # two problems, k = 2: pass@1 = 0.5 and 1.0 (mean 0.75); pass@2 = 1.0 and 1.0; majority right on one
     recs = [rec(1, pass_at={"1": 0.5, "2": 1.0}, maj_correct=False),

@@ -132,8 +132,14 @@ def _fmt_delta(d: dict, rate: bool) -> tuple[str, str]:
     return f"{d['diff']:+.2f} ({d['ci95'][0]:+.2f} to {d['ci95'][1]:+.2f})", "-"
 
 
+def _own_n(text: str, n: int, row_n: int) -> str:
+    return text if n == row_n else f"{text} n={n}"
+
+
 def metric_table(summary: dict) -> str:
-    """Markdown: one table per level, a row per metric; before/after columns when the summary has them."""
+    """Markdown: one table per level, a row per metric; before/after columns when the summary has them. A row's n
+    is its problems before; an after or change cell over other problems (consistency: only answers with a step, and
+    its change only problems with one on both sides) says its own n."""
     out = []
     for level, entries in summary.items():
         paired = any("after" in e for e in entries.values())
@@ -149,9 +155,11 @@ def metric_table(summary: dict) -> str:
             if not paired:
                 rows.append(f"| {label} | {e['before']['n']} | {_fmt(e['before'], rate)} |")
                 continue
+            n = e["before"]["n"]
             change, p = _fmt_delta(e["delta"], rate) if "delta" in e else ("-", "-")
-            after = _fmt(e["after"], rate) if "after" in e else "-"
-            rows.append(f"| {label} | {e['before']['n']} | {_fmt(e['before'], rate)} | {after} | {change} | {p} |")
+            change = _own_n(change, e["delta"]["n"], n) if "delta" in e else change
+            after = _own_n(_fmt(e["after"], rate), e["after"]["n"], n) if "after" in e else "-"
+            rows.append(f"| {label} | {n} | {_fmt(e['before'], rate)} | {after} | {change} | {p} |")
         out.append(f"**{level}**\n\n{head}\n" + "\n".join(rows) + "\n")
     return "\n".join(out)
 
