@@ -171,6 +171,7 @@ def test_stages_from_yaml_mappings(tmp_path):
     ([{"name": "a", "promote_at": 1.5}], 30, "promote_at in [0, 1]"),
     ([{"name": "a", "max_new_tokens": -5}], 30, "max_new_tokens >= 0"),
     ([{"name": "a", "max_new_tokens": "long"}], 30, "max_new_tokens must be integers"),
+    ([{"name": "a", "lr_scheduler": "step"}], 30, "lr_scheduler constant, linear or cosine"),
     ('[{"name": "a", "steps": 3}]', 30, "put stage mappings in a --config YAML file"),  # JSON typed on the CLI
 ])
 def test_impossible_stages_say_what_to_do(stages, steps, fragment):

@@ -218,6 +218,32 @@ def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file
     assert [x["id"] for x in read_jsonl(out / "eval_before.jsonl")] == held  # in the sets' order
 
 
+def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(tiny_model, tmp_path, reward_file,
+                                                                               monkeypatch):
+    """basic at the run's constant 1e-3 for 2 steps; intermediate from 2e-3, linear over its 4 steps: 2e-3, 1.5e-3,
+    1e-3, 5e-4 (factor 1 - k/4 at its k-th step). The run stops after step 4 and resumes. The logged lr is the
+    next step's, as in transformers' Trainer: 1e-3, 1e-3, then 1.5e-3, 1e-3, 5e-4, 0."""
+    real = train_mod.grpo_step
+
+    def stop_after_step_4(r, ref, reward_fns, draw, stop):
+        out = real(r, ref, reward_fns, draw, stop)
+        if r.step == 4 and not stop.requested:
+            stop(None, None)
+        return out
+
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, steps=6, ewc_lambda=0.0, eval_size=0, learning_rate=1e-3,
+                    stages=["basic:2", {"name": "intermediate", "steps": 4, "learning_rate": 2e-3,
+                                        "lr_scheduler": "linear"}])
+    monkeypatch.setattr(train_mod, "grpo_step", stop_after_step_4)
+    train(cfg, log=lambda *a: None)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    monkeypatch.setattr(train_mod, "grpo_step", real)
+    train(cfg, resume=True, log=lambda *a: None)
+    lrs = [m["lr"] for m in read_jsonl(out / "metrics.jsonl")]
+    assert lrs == pytest.approx([1e-3, 1e-3, 1.5e-3, 1e-3, 5e-4, 0.0], abs=1e-12)
+
+
 def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setattr(train_mod, "promoted", lambda r, stage, val: 1.0 if r.stage_step == 2 else None)
     out = tmp_path / "run"

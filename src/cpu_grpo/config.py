@@ -19,6 +19,9 @@ class ConfigError(UserError):
     """A configuration the user can fix; the message says how."""
 
 
+SCHEDULES = ("constant", "linear", "cosine")
+
+
 def _f(default, help: str, **kw):
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata={"help": help, **kw})
@@ -46,8 +49,8 @@ class TrainConfig:
         "text appended to every question in the user message")
     # -- curriculum
     stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
-                               "mappings with name, task, steps, promote_at, learning_rate, max_new_tokens. Empty: one "
-                               "stage on task")
+                               "mappings with name, task, steps, promote_at, learning_rate, lr_scheduler, "
+                               "max_new_tokens. Empty: one stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     prioritized_sampling: bool = _f(False, "draw a stage's problem types in proportion to max(1 - p, 0.2), p: how "
@@ -150,7 +153,7 @@ class TrainConfig:
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
             (self.allocator in ("auto", "jemalloc", "glibc"), "allocator must be auto, jemalloc or glibc"),
             (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
-            (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler must be constant, linear or cosine"),
+            (self.lr_scheduler in SCHEDULES, "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
@@ -184,6 +187,7 @@ class Stage:
     # the completion limit of this stage's rollouts and of its task's held-out set, before and after training
     # (0: the run's max_new_tokens and eval_max_new_tokens)
     max_new_tokens: int = 0
+    lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
@@ -204,16 +208,17 @@ def parse_stage(spec) -> dict:
                           f"{', '.join(sorted(_STAGE_KEYS))}.")
     out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
     try:
-        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float), ("max_new_tokens", int)):
+        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float), ("max_new_tokens", int),
+                          ("lr_scheduler", str)):
             if spec.get(key) is not None:
                 out[key] = kind(spec[key])
     except (TypeError, ValueError):
         raise ConfigError(f"stage '{spec['name']}': steps and max_new_tokens must be integers, promote_at and "
                           "learning_rate numbers.") from None
     if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0 \
-            or out.get("max_new_tokens", 0) < 0:
+            or out.get("max_new_tokens", 0) < 0 or out.get("lr_scheduler", "constant") not in SCHEDULES:
         raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0, "
-                          "max_new_tokens >= 0.")
+                          "max_new_tokens >= 0, lr_scheduler constant, linear or cosine.")
     return out
 
 
@@ -275,15 +280,10 @@ PROFILES: dict[str, dict] = {
     # a few minutes on 2 cores: a smoke run that shows every part working, not a result
     "quick": dict(steps=8, prompts_per_step=4, num_generations=4, max_new_tokens=96, eval_size=40,
                   eval_max_new_tokens=160, save_every=4),
-    # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
-    "demo": dict(),
-    # the curriculum: basic, intermediate, advanced, with EWC against forgetting, on the 0.5B Qwen with LoRA and
-    # the instruction it was trained on (SmolLM2-135M learns nothing multi-step: docs/learning.md); advanced
-    # trained and evaluated at 320 tokens, where every answer the base model gets right fits (~290 tokens), with
-    # DAPO's overlong shaping and dynamic sampling (a quarter of intermediate groups and 60% of advanced ones had
-    # every answer right or every answer wrong: their update taught format and length alone); every level evaluated
-    # before training and after the last stage, <= 2 hours on 2 cores (a second rollout batch a step costs ~1 minute,
-    # paid for with fewer steps than session 12's 14 and 14; 18 intermediate steps did not help: learning.md, s. 15)
+    "demo": dict(),  # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
+    # the curriculum on the 0.5B Qwen with LoRA and the \boxed{} instruction it was trained on (SmolLM2-135M learns
+    # nothing multi-step); advanced at 320 tokens, where every answer the base model gets right fits; DAPO's overlong
+    # shaping and dynamic sampling; every level evaluated before and after, <= 2 h on 2 cores (docs/learning.md)
     "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
                     stages=["basic:2", "intermediate:12", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
                     steps=24, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,

@@ -14,7 +14,7 @@ from . import curriculum, evaluate, tasks
 from .batching import group_logprobs
 from .config import Stage, eval_limits
 from .rollout import encode_prompts
-from .runstate import Run, save_checkpoint
+from .runstate import Run, lr_factor, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
 
 
@@ -48,10 +48,12 @@ def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks
     lr = stage.learning_rate or cfg.learning_rate
     r.max_new_tokens = stage.max_new_tokens
     r.sched.base_lrs = [lr for _ in r.opt.param_groups]
+    r.sched.lr_lambdas = [lr_factor(cfg, stage, start=r.step - r.stage_step) for _ in r.opt.param_groups]
     for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
         group["lr"] = lr * f(r.sched.last_epoch)
     if n_stages > 1:
-        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}, "
+        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}"
+              + (f" ({stage.lr_scheduler})" if stage.lr_scheduler else "") + ", "
               f"{r.limit} tokens"
               + (f", promoted at validation accuracy {stage.promote_at:.2f}" if stage.promote_at else ""))
     return data, order
