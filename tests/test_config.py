@@ -14,7 +14,6 @@ from cpu_grpo.config import (
     build,
     coerce,
     describe,
-    help_text,
     load_file,
     plan,
     save,
@@ -41,7 +40,7 @@ def test_list_defaults_are_not_shared():
 
 def test_every_field_has_help():
     for name in FIELDS:
-        assert help_text(name).strip(), name
+        assert FIELDS[name].metadata["help"].strip(), name
 
 
 def test_describe_has_one_line_per_field():
@@ -160,6 +159,11 @@ def test_stages_from_yaml_mappings(tmp_path):
     warm, hard = plan(build(None, str(f)))
     assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5, 384)
     assert build(None, str(f)).total_steps == 13
+    f.write_text("stages:\n  - {name: a, steps: 2, prioritized_sampling: true, dynamic_sampling_keep: hardest, "
+                 "lr_scheduler: cosine}\n  - {name: b, steps: 2}\n")
+    a, b = plan(build(None, str(f)))
+    assert (a.prioritized_sampling, a.dynamic_sampling_keep, a.lr_scheduler) == (True, "hardest", "cosine")
+    assert (b.prioritized_sampling, b.dynamic_sampling_keep, b.lr_scheduler) == (None, "", "")  # the run's
 
 
 @pytest.mark.parametrize("stages, steps, fragment", [
@@ -172,6 +176,8 @@ def test_stages_from_yaml_mappings(tmp_path):
     ([{"name": "a", "max_new_tokens": -5}], 30, "max_new_tokens >= 0"),
     ([{"name": "a", "max_new_tokens": "long"}], 30, "max_new_tokens must be integers"),
     ([{"name": "a", "lr_scheduler": "step"}], 30, "lr_scheduler constant, linear or cosine"),
+    ([{"name": "a", "dynamic_sampling_keep": "easiest"}], 30, "dynamic_sampling_keep first or hardest"),
+    ([{"name": "a", "prioritized_sampling": "maybe"}], 30, "prioritized_sampling true or false"),
     ('[{"name": "a", "steps": 3}]', 30, "put stage mappings in a --config YAML file"),  # JSON typed on the CLI
 ])
 def test_impossible_stages_say_what_to_do(stages, steps, fragment):

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from test_train import tiny_cfg
 
 from cpu_grpo import checkpoint, config, curriculum
+from cpu_grpo import step as step_mod
 from cpu_grpo import train as train_mod
 from cpu_grpo.errors import RunDirError
 from cpu_grpo.tracking import read_jsonl, stage_eval_path
@@ -365,3 +366,27 @@ def test_prioritized_sampling_draws_the_failing_type_more_and_resumes_the_same(t
     train(cfg(b, 2), log=lambda *x: None)
     train(cfg(b, 6), resume=True, log=lambda *x: None)
     assert [g["question"] for g in read_jsonl(b / "groups.jsonl")] == [g["question"] for g in groups]
+
+
+def test_a_stage_with_its_own_sampling(tiny_model, tmp_path, monkeypatch):
+    """The first stage draws problem types by failure rate and trains the hardest varying groups; the second, on the
+    same task, keeps the run's settings (the shuffled order, DAPO's first groups)."""
+    reward = tmp_path / "no_bike.py"
+    reward.write_text(NO_BIKE)
+    rules, real = [], step_mod.teaching
+
+    def spy(cfg, per_fn, keep=""):
+        rules.append(keep)
+        return real(cfg, per_fn, keep)
+
+    monkeypatch.setattr(step_mod, "teaching", spy)
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward, rewards=[f"{reward}:no_bike_reward"], eval_size=0, steps=6,
+                   prompts_per_step=4, stages=[{"name": "intermediate", "steps": 3, "prioritized_sampling": True,
+                                                "dynamic_sampling_keep": "hardest"},
+                                               {"name": "late", "task": "intermediate", "steps": 3}]),
+          log=lambda *a: None)
+    first, second = read_jsonl(out / "stages.jsonl")
+    assert sum(n for n, _ in first["type_counts"].values()) == 4 * 3 * 4  # 3 steps of 4 groups of 4 samples
+    assert "type_counts" not in second
+    assert rules == ["hardest"] * 3 + [""] * 3

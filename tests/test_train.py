@@ -388,6 +388,7 @@ def test_teaching_groups_are_the_first_whose_first_reward_varies():
     assert teaching(hardest, {"correctness": right}) == [2, 4]  # the two with one right answer, in their order
     first = config.build(None, None, {**hardest.to_dict(), "dynamic_sampling_keep": "first"})
     assert teaching(first, {"correctness": right}) == [0, 2]
+    assert teaching(first, {"correctness": right}, keep="hardest") == [2, 4]  # a stage's own rule wins
     with pytest.raises(ConfigError, match="dynamic_sampling_keep must be first or hardest"):
         config.build(None, None, {"dynamic_sampling_keep": "easiest"})
     with pytest.raises(ConfigError, match="dynamic_sampling must be >= 0"):

@@ -49,8 +49,9 @@ class TrainConfig:
         "text appended to every question in the user message")
     # -- curriculum
     stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
-                               "mappings with name, task, steps, promote_at, learning_rate, lr_scheduler, "
-                               "max_new_tokens. Empty: one stage on task")
+                               "mappings with name, task, steps, promote_at and the stage's own learning_rate, "
+                               "lr_scheduler, max_new_tokens, prioritized_sampling, dynamic_sampling_keep. Empty: one "
+                               "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     prioritized_sampling: bool = _f(False, "draw a stage's problem types in proportion to max(1 - p, 0.2), p: how "
@@ -188,9 +189,12 @@ class Stage:
     # (0: the run's max_new_tokens and eval_max_new_tokens)
     max_new_tokens: int = 0
     lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
+    prioritized_sampling: bool | None = None  # None: the run's
+    dynamic_sampling_keep: str = ""  # "": the run's
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
 
 
 def parse_stage(spec) -> dict:
@@ -209,16 +213,20 @@ def parse_stage(spec) -> dict:
     out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
     try:
         for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float), ("max_new_tokens", int),
-                          ("lr_scheduler", str)):
+                          ("lr_scheduler", str), ("dynamic_sampling_keep", str)):
             if spec.get(key) is not None:
                 out[key] = kind(spec[key])
-    except (TypeError, ValueError):
+        if spec.get("prioritized_sampling") is not None:
+            out["prioritized_sampling"] = coerce(_FIELDS["prioritized_sampling"], spec["prioritized_sampling"])
+    except (TypeError, ValueError, ConfigError):
         raise ConfigError(f"stage '{spec['name']}': steps and max_new_tokens must be integers, promote_at and "
-                          "learning_rate numbers.") from None
+                          "learning_rate numbers, prioritized_sampling true or false.") from None
     if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0 \
-            or out.get("max_new_tokens", 0) < 0 or out.get("lr_scheduler", "constant") not in SCHEDULES:
+            or out.get("max_new_tokens", 0) < 0 or out.get("lr_scheduler", "constant") not in SCHEDULES \
+            or out.get("dynamic_sampling_keep", "first") not in ("first", "hardest"):
         raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0, "
-                          "max_new_tokens >= 0, lr_scheduler constant, linear or cosine.")
+                          "max_new_tokens >= 0, lr_scheduler constant, linear or cosine, dynamic_sampling_keep first "
+                          "or hardest.")
     return out
 
 
@@ -299,10 +307,6 @@ PROFILES: dict[str, dict] = {
 }
 
 
-def help_text(name: str) -> str:
-    return next(f.metadata["help"] for f in fields(TrainConfig) if f.name == name)
-
-
 def load_file(path: str | Path) -> dict:
     """Read a YAML or JSON config file into a dict of field overrides."""
     path = Path(path)
@@ -334,11 +338,10 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     if "task" in mine and "stages" not in mine:  # a task of your own replaces the profile's curriculum
         values.pop("stages", None)
     values.update(mine)
-    known = {f.name: f for f in fields(TrainConfig)}
-    unknown = sorted(set(values) - set(known))
+    unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
-    coerced = {k: coerce(known[k], v) for k, v in values.items()}
+    coerced = {k: coerce(_FIELDS[k], v) for k, v in values.items()}
     if "steps" in mine and "stages" not in mine and coerced.get("stages"):  # your --steps wins over the profile's
         coerced["stages"] = scale_stages(coerced["stages"], coerced["steps"])
     return TrainConfig(**coerced)
@@ -359,12 +362,9 @@ def coerce(f: dataclasses.Field, value):
             inner = float if "float" in kind else str
             return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
         if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(value).lower() in ("0", "false", "no", "off"):
-                return False
+            truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+            if isinstance(value, bool) or str(value).lower() in truthy + falsy:
+                return value if isinstance(value, bool) else str(value).lower() in truthy
             raise ValueError(value)
         return {"int": int, "float": float, "str": str}[kind](value)
     except (ValueError, TypeError):

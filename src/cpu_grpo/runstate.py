@@ -109,6 +109,7 @@ class Run:
     data_pos: int = 0  # prompts of that stage's training order consumed
     type_counts: dict = field(default_factory=dict)  # that stage's rollouts by problem type: [samples, right]
     max_new_tokens: int = 0  # that stage's completion limit in training (0: the config's)
+    dynamic_sampling_keep: str = ""  # that stage's rule for the groups dynamic sampling trains ("": the config's)
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
     micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)

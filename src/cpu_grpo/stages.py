@@ -46,7 +46,7 @@ def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks
     data = curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train")
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
     lr = stage.learning_rate or cfg.learning_rate
-    r.max_new_tokens = stage.max_new_tokens
+    r.max_new_tokens, r.dynamic_sampling_keep = stage.max_new_tokens, stage.dynamic_sampling_keep
     r.sched.base_lrs = [lr for _ in r.opt.param_groups]
     r.sched.lr_lambdas = [lr_factor(cfg, stage, start=r.step - r.stage_step) for _ in r.opt.param_groups]
     for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
@@ -92,7 +92,7 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
     record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
               "validation_accuracy": promoted_at}
-    if cfg.prioritized_sampling:  # what the stage's draws were weighted by: samples and right answers by type
+    if r.type_counts:  # prioritized sampling: what the draws were weighted by, samples and right answers by type
         record["type_counts"] = r.type_counts
     path = stage_eval_path(r.dir, k, stage.name)
     if eval_set and (cfg.eval_every_stage or k == n_stages - 1):

@@ -98,17 +98,17 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
 
-def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]]) -> list[int]:
+def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "") -> list[int]:
     """The groups the update trains on. With `dynamic_sampling` (DAPO), prompts_per_step groups whose first reward
     function (correctness by default) is not the same for every sample: the first ones, or with
-    `dynamic_sampling_keep: hardest` those with the lowest mean of it (the first among equals), in their order;
-    otherwise every group."""
+    `dynamic_sampling_keep: hardest` (or `keep`, a stage's own rule) those with the lowest mean of it (the first
+    among equals), in their order; otherwise every group."""
     g, n = cfg.num_generations, len(next(iter(per_fn.values()))) // cfg.num_generations
     if not cfg.dynamic_sampling:
         return list(range(n))
     first = torch.tensor(next(iter(per_fn.values())), dtype=torch.float).nan_to_num(0.0).view(n, g)
     varies = (first != first[:, :1]).any(dim=1).nonzero().flatten().tolist()
-    if cfg.dynamic_sampling_keep == "hardest":
+    if (keep or cfg.dynamic_sampling_keep) == "hardest":
         varies = sorted(sorted(varies, key=lambda i: first[i].mean().item())[:cfg.prompts_per_step])
     return varies[:cfg.prompts_per_step]
 
@@ -189,7 +189,7 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
         rollout = sum((p[0] for p in parts[1:]), parts[0][0])
         total = torch.cat([p[1] for p in parts])
         per_fn = {k: [v for p in parts for v in p[2][k]] for k in parts[0][2]}
-        keep = teaching(cfg, per_fn)
+        keep = teaching(cfg, per_fn, r.dynamic_sampling_keep)
         if len(keep) >= cfg.prompts_per_step or len(parts) >= max(1, cfg.dynamic_sampling):
             break
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back

@@ -164,7 +164,8 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
         write_status(r.dir, state="training", step=r.step, stage=stage.name, stage_index=k,
                      total_steps=cfg.total_steps, num_stages=n_stages)
 
-    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if cfg.prioritized_sampling else None
+    prioritized = cfg.prioritized_sampling if stage.prioritized_sampling is None else stage.prioritized_sampling
+    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if prioritized else None
 
     def draw(pos: int) -> list:  # prompts_per_step problems: at position pos of the stage's order, or by type
         if priority:
