@@ -46,12 +46,13 @@ def test_ewc_over_two_stages_equals_the_sum_of_both_penalties():
     with torch.no_grad():
         m.w.copy_(theta)
     lam = 0.7
-    penalty = ewc.apply(m, lam)
+    penalty, pull = ewc.apply(m, lam)
     direct = theta.clone().requires_grad_()
     expected = lam / 2 * ((f1 * (direct - a1) ** 2).sum() + (f2 * (direct - a2) ** 2).sum())
     expected.backward()
     assert penalty == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(m.w.grad, direct.grad, atol=1e-5)
+    assert pull == pytest.approx(direct.grad.norm().item(), rel=1e-5)  # the norm of what joined .grad
     assert ewc.stages == ["s1", "s2"]
 
 
@@ -59,9 +60,9 @@ def test_ewc_is_zero_at_its_anchor_and_when_off(tmp_path):
     m = Linear1([1.0, 2.0])
     ewc = curriculum.EWC()
     ewc.add_stage("s1", {"w": torch.tensor([1.0, 1.0])}, {"w": m.w})
-    assert ewc.apply(m, 5.0) == pytest.approx(0.0) and torch.equal(m.w.grad, torch.zeros(2))
+    assert ewc.apply(m, 5.0) == pytest.approx((0.0, 0.0)) and torch.equal(m.w.grad, torch.zeros(2))
     m.w.grad = None
-    assert ewc.apply(m, 0.0) == 0.0 and m.w.grad is None
+    assert ewc.apply(m, 0.0) == (0.0, 0.0) and m.w.grad is None
     ewc.save(tmp_path / "e.safetensors")
     back = curriculum.EWC.load(tmp_path / "e.safetensors")
     assert back.stages == ["s1"] and torch.equal(back.fisher["w"], ewc.fisher["w"]) and back.const == ewc.const
@@ -71,7 +72,7 @@ def test_decoupled_ewc_pulls_each_weight_by_lr_lambda_fisher():
     m = Linear1([1.0, 1.0, 1.0])
     ewc = curriculum.EWC()
     ewc.add_stage("s1", {"w": torch.tensor([2.0, 0.01, 0.0])}, {"w": torch.zeros(3)})
-    assert ewc.apply(m, 100.0, grad=False) == pytest.approx(50 * 2.01) and m.w.grad is None
+    assert ewc.apply(m, 100.0, grad=False)[0] == pytest.approx(50 * 2.01) and m.w.grad is None
     ewc.pull(m, 100.0, lr=0.01)  # rates min(1, 0.01 * 100 * F) = 1, 0.01, 0
     assert torch.allclose(m.w.detach(), torch.tensor([0.0, 0.99, 1.0]))
 

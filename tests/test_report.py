@@ -61,7 +61,8 @@ def test_forgetting_without_own_stage_rows():
 
 METRICS = [{"step": s, "reward": 0.1 * s, "reward/correctness_reward": 0.05 * s, "accuracy": 0.1 * s,
             "frac_zero_std": 0.5, "completion_len": 40.0 + s, "stage_index": 0 if s <= 2 else 1,
-            "ewc_penalty": float("nan") if s <= 2 else 0.01, "step_seconds": 1.0, "peak_rss_mb": 100.0}
+            "ewc_penalty": float("nan") if s <= 2 else 0.01, "grad_norm": 0.3, "step_seconds": 1.0,
+            "peak_rss_mb": 100.0}
            for s in (1, 2, 3, 4)]
 
 
@@ -78,7 +79,7 @@ def test_write_plots(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in METRICS))
     paths = write_plots(tmp_path)
     assert [p.name for p in paths] == ["reward.png", "accuracy.png", "frac_zero_std.png", "completion_len.png",
-                                       "ewc_penalty.png"]
+                                       "ewc_penalty.png", "grad_norm.png"]
     assert all(p.parent == tmp_path / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
     assert write_plots(tmp_path / "nothing-here") == []
 

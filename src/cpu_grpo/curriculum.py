@@ -14,6 +14,7 @@ optimizer step (EWC.pull), since Adam cancels a gradient penalty's strength.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -143,12 +144,13 @@ class EWC:
             self.fisher[k], self.anchor[k] = f, a
         self.stages.append(name)
 
-    def apply(self, model, lam: float, grad: bool = True) -> float:
+    def apply(self, model, lam: float, grad: bool = True) -> tuple[float, float]:
         """Add lam * F * (theta - a) to each trainable parameter's .grad (unless not `grad`); return the penalty
-        lam/2 * (sum F (theta-a)^2 + C)."""
+        lam/2 * (sum F (theta-a)^2 + C) and the norm of lam * F * (theta - a), EWC's gradient, to set beside the
+        policy's (logged as `ewc_grad_norm`: on a LoRA adapter it reached ten times the policy's, curriculum.md)."""
         if not self.fisher or lam == 0:
-            return 0.0
-        total = self.const
+            return 0.0, 0.0
+        total, squares = self.const, 0.0
         with torch.no_grad():
             for k, p in trainable(model).items():
                 if k not in self.fisher:
@@ -156,10 +158,11 @@ class EWC:
                 diff = p.detach().float() - self.anchor[k]
                 weighted = self.fisher[k] * diff
                 total += (weighted * diff).sum().item()
+                squares += (weighted * weighted).sum().item()
                 if grad:
                     g = (lam * weighted).to(p.dtype)
                     p.grad = g if p.grad is None else p.grad.add_(g)
-        return 0.5 * lam * total
+        return 0.5 * lam * total, lam * math.sqrt(squares)
 
     def pull(self, model, lam: float, lr: float) -> None:
         """Decoupled EWC, after an optimizer step: theta -= min(1, lr * lam * F) * (theta - a).

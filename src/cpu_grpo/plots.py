@@ -19,6 +19,8 @@ PLOTS = {
     "frac_zero_std": ("Groups whose rewards are all equal (no signal)", "fraction of groups", ["frac_zero_std"]),
     "completion_len": ("Completion length", "tokens", ["completion_len"]),
     "ewc_penalty": ("EWC penalty", "penalty", ["ewc_penalty"]),
+    "grad_norm": ("Gradient norm before clipping: policy + EWC, and EWC's part", "norm",
+                  ["grad_norm", "ewc_grad_norm"]),
 }
 
 

@@ -248,7 +248,8 @@ def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd:
         **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
         "accuracy": sum(rewards.correctness_reward(rollout.texts, answers)) / n,
         "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
-        "ewc_penalty": upd.sums["ewc_penalty"], "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
+        "ewc_penalty": upd.sums["ewc_penalty"], "ewc_grad_norm": upd.sums["ewc_grad_norm"],
+        "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
         "completion_len": c_tokens / n, "truncated_frac": sum(rollout.truncated) / n, **adv_stats,
         "frac_skipped": 1 - len(upd.groups) / len(rollout.batch), "grad_norm": upd.grad_norm,
         "lr": r.sched.get_last_lr()[0], "micro_batch_size": upd.micro_batch,
@@ -278,7 +279,7 @@ def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, ad
                 if ref is not None:
                     fixed[part, samples, "ref"] = group_logprobs(
                         ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
-    sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0}
+    sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     grad_norm = torch.tensor(0.0)
     for _ in range(cfg.num_iterations):
         r.opt.zero_grad(set_to_none=True)
@@ -297,7 +298,9 @@ def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, ad
             r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
         # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
         # decoupled, it pulls the weights back after the optimizer step instead
-        sums["ewc_penalty"] += r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled) / cfg.num_iterations
+        penalty, pull = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
+        sums["ewc_penalty"] += penalty / cfg.num_iterations
+        sums["ewc_grad_norm"] += pull / cfg.num_iterations
         if any_rank or r.ewc.fisher and cfg.ewc_lambda:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
             if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
