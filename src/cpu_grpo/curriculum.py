@@ -147,7 +147,7 @@ class EWC:
     def apply(self, model, lam: float, grad: bool = True) -> tuple[float, float]:
         """Add lam * F * (theta - a) to each trainable parameter's .grad (unless not `grad`); return the penalty
         lam/2 * (sum F (theta-a)^2 + C) and the norm of lam * F * (theta - a), EWC's gradient, to set beside the
-        policy's (logged as `ewc_grad_norm`: on a LoRA adapter it reached ten times the policy's, curriculum.md)."""
+        policy's (logged as `ewc_grad_norm`: on a LoRA adapter it reached 6-20 times the policy's, curriculum.md)."""
         if not self.fisher or lam == 0:
             return 0.0, 0.0
         total, squares = self.const, 0.0
