@@ -46,13 +46,13 @@ def test_ewc_over_two_stages_equals_the_sum_of_both_penalties():
     with torch.no_grad():
         m.w.copy_(theta)
     lam = 0.7
-    penalty, pull = ewc.apply(m, lam)
+    penalty, grad_norm = ewc.apply(m, lam)
     direct = theta.clone().requires_grad_()
     expected = lam / 2 * ((f1 * (direct - a1) ** 2).sum() + (f2 * (direct - a2) ** 2).sum())
     expected.backward()
     assert penalty == pytest.approx(expected.item(), rel=1e-5)
     assert torch.allclose(m.w.grad, direct.grad, atol=1e-5)
-    assert pull == pytest.approx(direct.grad.norm().item(), rel=1e-5)  # the norm of what joined .grad
+    assert grad_norm == pytest.approx(direct.grad.norm().item(), rel=1e-5)  # the norm of what joined .grad
     assert ewc.stages == ["s1", "s2"]
 
 

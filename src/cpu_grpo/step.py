@@ -298,9 +298,9 @@ def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, ad
             r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
         # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
         # decoupled, it pulls the weights back after the optimizer step instead
-        penalty, pull = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
+        penalty, ewc_grad_norm = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
         sums["ewc_penalty"] += penalty / cfg.num_iterations
-        sums["ewc_grad_norm"] += pull / cfg.num_iterations
+        sums["ewc_grad_norm"] += ewc_grad_norm / cfg.num_iterations
         if any_rank or r.ewc.fisher and cfg.ewc_lambda:
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
             if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
