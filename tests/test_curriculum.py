@@ -139,6 +139,19 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     assert status["state"] == "finished" and status["step"] == 6 and not (out / "run.lock").exists()
 
 
+def test_the_fisher_leaves_the_draws_alone(tiny_model, tmp_path, reward_file):
+    """A run with EWC draws the same problems and completions as one without (the Fisher samples from its own
+    generator): with a lambda too small to move a weight, the two runs' groups are identical."""
+    runs = []
+    for name, lam in [("off", 0.0), ("on", 1e-30)]:
+        train(stage_cfg(tiny_model, tmp_path / name, reward_file, ewc_lambda=lam, eval_size=0), log=lambda *a: None)
+        groups = read_jsonl(tmp_path / name / "groups.jsonl")
+        runs.append([(g["step"], g["question"], g["completions"]) for g in groups])
+    assert (tmp_path / "on" / "checkpoints" / "step-000003" / curriculum.EWC_FILE).exists()  # the Fisher was sampled
+    assert sorted({s for s, *_ in runs[0]}) == [1, 2, 3, 4, 5, 6]
+    assert runs[1] == runs[0]
+
+
 def test_eval_every_stage_off_evaluates_before_and_after_the_last_stage_only(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file, eval_every_stage=False), log=lambda *a: None)

@@ -14,8 +14,10 @@ from . import curriculum, evaluate, tasks
 from .batching import group_logprobs
 from .config import Stage, eval_limits
 from .rollout import encode_prompts
-from .runstate import Run, lr_factor, save_checkpoint
+from .runstate import RANK_SEED, Run, lr_factor, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
+
+FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
 
 
 def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=None) -> list[dict]:
@@ -68,13 +70,15 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     return sum(x["correct"] for x in records) / len(records)
 
 
-def estimate_fisher(r: Run, data: list[tasks.Example], order: list[int]) -> dict[str, torch.Tensor]:
-    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of the stage (each
-    rank samples its share; the sums of squared gradients are added up over the ranks)."""
+def estimate_fisher(r: Run, k: int, data: list[tasks.Example], order: list[int]) -> dict[str, torch.Tensor]:
+    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of stage k (each
+    rank samples its share; the sums of squared gradients are added up over the ranks). The samples come from
+    their own generator, so a run with EWC draws the same problems and rollouts as one without, up to its weights."""
     cfg, n = r.cfg, r.cfg.fisher_samples
     batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.question for ex in batch], cfg.instruction)
-    completions = r.sampler.generate(prompts, 1, r.sampling(), r.gen)
+    gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (k + 1))
+    completions = r.sampler.generate(prompts, 1, r.sampling(), gen)
 
     def seq_logprob(i: int) -> torch.Tensor:
         logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
@@ -103,7 +107,7 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
     record["eval_seconds"] = round(time.time() - t0, 1)
     if cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages:
         t1 = time.time()
-        r.ewc.add_stage(stage.name, estimate_fisher(r, data, order), dict(curriculum.trainable(r.model)))
+        r.ewc.add_stage(stage.name, estimate_fisher(r, k, data, order), dict(curriculum.trainable(r.model)))
         record |= {"fisher_samples": cfg.fisher_samples, "fisher_seconds": round(time.time() - t1, 1)}
         r.log(f"Fisher diagonal of stage '{stage.name}' from {cfg.fisher_samples} samples in "
               f"{record['fisher_seconds']:.0f}s")
