@@ -124,6 +124,15 @@ def test_default_profile_is_the_three_stage_curriculum():
     assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 320]  # advanced at its own limit, the others the run's
 
 
+def test_a_stage_on_joined_levels_is_held_out_as_each_level_at_the_largest_limit_that_trains_it():
+    from cpu_grpo.config import eval_limits
+
+    cfg = build(None, None, {"stages": ["basic:2", "basic+intermediate:2",
+                                        {"name": "late", "task": "intermediate+advanced", "steps": 2,
+                                         "max_new_tokens": 320}], "eval_task": "mix"})
+    assert eval_limits(cfg) == {"basic": 256, "intermediate": 320, "advanced": 320, "mix": 256}
+
+
 def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_problems():
     from cpu_grpo import curriculum
 

@@ -233,6 +233,17 @@ def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file
     assert [x["id"] for x in read_jsonl(out / "eval_before.jsonl")] == held  # in the sets' order
 
 
+def test_a_stage_on_joined_levels_replays_the_first_and_is_held_out_as_each(tiny_model, tmp_path, reward_file):
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, steps=4, ewc_lambda=0.0, prompts_per_step=4,
+                    stages=["basic:2", {"name": "replay", "task": "basic+intermediate", "steps": 2}])
+    assert [s.task for s in curriculum.held_out(cfg)] == ["basic", "intermediate"]
+    train(cfg, log=lambda *a: None)
+    drawn = {g["difficulty"] for g in read_jsonl(out / "groups.jsonl") if g["stage"] == "replay"}
+    assert drawn == {"basic", "intermediate"}
+    assert json.loads((out / "forgetting.json").read_text())["levels"] == ["basic", "intermediate"]
+
+
 def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(tiny_model, tmp_path, reward_file,
                                                                                monkeypatch):
     """basic at the run's constant 1e-3 for 2 steps; intermediate from 2e-3, linear over its 4 steps: 2e-3, 1.5e-3,

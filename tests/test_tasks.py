@@ -124,6 +124,16 @@ def test_mix_interleaves_equal_thirds():
     assert len({e.id for e in mix}) == 10
 
 
+def test_levels_joined_by_plus_interleave_equal_shares():
+    both = load_task("basic+intermediate", n=5, seed=3)
+    assert [e.difficulty for e in both] == ["basic", "intermediate", "basic", "intermediate", "basic"]
+    assert both[::2] == load_task("basic", n=3, seed=3) and both[1::2] == load_task("intermediate", n=2, seed=3)
+    assert load_task("basic+intermediate+advanced", n=10, seed=3) == load_task("mix", n=10, seed=3)
+    for bad in ("basic+expert", "basic+basic", "basic+"):
+        with pytest.raises(TaskError, match=f"unknown task '{re.escape(bad)}'"):
+            load_task(bad, n=4)
+
+
 def test_load_task_levels():
     assert len(load_task("advanced", n=7, split="test")) == 7
     assert len(load_task("basic")) == 500
@@ -133,7 +143,8 @@ def test_load_task_levels():
 @pytest.mark.parametrize("call", [lambda: generate("expert", 3), lambda: load_task("expert")])
 def test_unknown_level_says_what_to_use(call):
     with pytest.raises(TaskError, match="unknown task 'expert': use one of basic, intermediate, advanced, "
-                                        "mix, gsm8k, gsm8k-train, a .jsonl path, or hf:NAME"):
+                                        "mix, levels joined by '\\+' \\(basic\\+intermediate\\), gsm8k, "
+                                        "gsm8k-train, a .jsonl path, or hf:NAME"):
         call()
 
 

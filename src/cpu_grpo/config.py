@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import UserError
+from .tasks import held_out_tasks
 
 
 class ConfigError(UserError):
@@ -35,7 +36,8 @@ class TrainConfig:
                                     "directory, .gguf file or hub id")
     trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
     # -- data
-    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | gsm8k | path.jsonl | hf:NAME")
+    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | levels joined by + "
+                            "(basic+intermediate) | gsm8k | path.jsonl | hf:NAME")
     eval_task: str = _f("", "extra held-out sets, comma-separated (same forms as task); the test split of every "
                            "stage's task is always evaluated")
     eval_size: int = _f(250, "held-out problems per evaluated set, before training and after each stage (0: none)")
@@ -164,9 +166,8 @@ class TrainConfig:
             (not unknown_trackers, f"report_to takes tensorboard, trackio, wandb, not {', '.join(unknown_trackers)}"),
             (self.log_completions_every >= 0, "log_completions_every must be >= 0 (0: never)"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        if failed := next((message for ok, message in checks if not ok), None):
+            raise ConfigError(failed)
         self.stages = [parse_stage(s) for s in self.stages]
         plan(self)  # raises on an impossible plan
 
@@ -185,8 +186,7 @@ class Stage:
     steps: int
     promote_at: float = 0.0  # move on when validation accuracy reaches this (0: run all steps)
     learning_rate: float = 0.0  # 0: the run's learning_rate
-    # the completion limit of this stage's rollouts and of its task's held-out set, before and after training
-    # (0: the run's max_new_tokens and eval_max_new_tokens)
+    # limit of this stage's rollouts and its task's held-out sets (0: the run's max_new_tokens, eval_max_new_tokens)
     max_new_tokens: int = 0
     lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
     prioritized_sampling: bool | None = None  # None: the run's
@@ -273,12 +273,12 @@ def plan(cfg: TrainConfig) -> list[Stage]:
 
 
 def eval_limits(cfg: TrainConfig) -> dict[str, int]:
-    """The completion limit of each held-out set (each stage's task, then eval_task's entries): its stage's
-    max_new_tokens where the stage sets one (the largest, if several train on it), else eval_max_new_tokens."""
+    """Each held-out set's completion limit (each stage's task, or its levels where it joins them; then eval_task's
+    entries): the largest max_new_tokens of the stages that set one and train on it, else eval_max_new_tokens."""
     own: dict[str, int] = {}
     for s in plan(cfg):
-        own[s.task] = max(own.get(s.task, 0), s.max_new_tokens)
-    tasks = [s.task for s in plan(cfg)] + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
+        own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in held_out_tasks(s.task)})
+    tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}
 
 

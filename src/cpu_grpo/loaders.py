@@ -13,7 +13,7 @@ import warnings
 from fractions import Fraction
 from pathlib import Path
 
-from .tasks import LEVELS, UNKNOWN, Example, TaskError, canonical_number, generate, split_of
+from .tasks import UNKNOWN, Example, TaskError, canonical_number, generate, levels_of, split_of
 
 
 def _example(row: object, id_: str) -> Example:
@@ -101,7 +101,8 @@ DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.
 
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
               on_error: str = "raise") -> list[Example]:
-    """Problems named by `spec`: a level, "mix", "gsm8k", "gsm8k-train", a .jsonl path or "hf:NAME[:split]".
+    """Problems named by `spec`: a level, "mix", levels joined by "+", "gsm8k", "gsm8k-train", a .jsonl path or
+    "hf:NAME[:split]".
 
     Levels give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained on
     its train file and held out from its test file; "gsm8k-train" is the same in a run, and its train file
@@ -110,7 +111,7 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     takes the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in file order.
     "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test").
     """
-    if spec in LEVELS or spec == "mix":
+    if levels_of(spec):
         return generate(spec, 500 if n is None else n, seed, split or "test")
     if spec in DATASETS:
         return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)

@@ -65,7 +65,7 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     """Validation accuracy when a promotion check is due (else None)."""
     if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
         return None
-    limit = eval_limits(r.cfg)[stage.task]  # the limit its held-out set is evaluated at
+    limit = max(eval_limits(r.cfg)[t] for t in tasks.held_out_tasks(stage.task))  # as its held-out sets are evaluated
     records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, limit)], None, log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 

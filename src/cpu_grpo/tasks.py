@@ -24,8 +24,20 @@ from .errors import UserError
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
-UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, gsm8k, gsm8k-train, a .jsonl path, "
-           "or hf:NAME.")
+UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, levels joined by '+' "
+           "(basic+intermediate), gsm8k, gsm8k-train, a .jsonl path, or hf:NAME.")
+
+
+def levels_of(spec: str) -> list[str]:
+    """The levels a generated task draws from ("mix": all three; "basic+intermediate": those two), else []."""
+    parts = list(LEVELS) if spec == "mix" else spec.split("+")
+    return parts if all(p in LEVELS for p in parts) and len(set(parts)) == len(parts) else []
+
+
+def held_out_tasks(spec: str) -> list[str]:
+    """The held-out sets a stage's task is evaluated on: its levels if it joins them ("basic+intermediate"), else
+    itself ("mix" is one set, a third of each level)."""
+    return levels_of(spec) if "+" in spec and levels_of(spec) else [spec]
 
 
 class TaskError(UserError):
@@ -283,13 +295,14 @@ def template_name(template: Template) -> str:
 
 
 def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Example]:
-    """n distinct problems of one level (or "mix") from one split; the same arguments give the same list."""
+    """n distinct problems of one level, or of several in equal shares, interleaved ("mix": basic, intermediate,
+    advanced, basic, ...; "basic+intermediate"), from one split; the same arguments give the same list."""
     if not isinstance(n, int) or n < 0:
         raise TaskError(f"n must be a non-negative integer, got {n!r}: ask for 0 or more problems.")
     if split not in SPLITS:
         raise TaskError(f"unknown split '{split}': use train or test.")
-    if level == "mix":  # equal thirds, interleaved basic, intermediate, advanced, basic, ...
-        parts = [generate(lv, n // 3 + (i < n % 3), seed, split) for i, lv in enumerate(LEVELS)]
+    if len(levels := levels_of(level)) > 1:
+        parts = [generate(lv, n // len(levels) + (i < n % len(levels)), seed, split) for i, lv in enumerate(levels)]
         return [ex for group in itertools.zip_longest(*parts) for ex in group if ex is not None]
     if level not in LEVELS:
         raise TaskError(UNKNOWN.format(level))

@@ -117,7 +117,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         rewards.load_reward(spec, cfg.max_new_tokens)
     eval_set = curriculum.held_out(cfg)
     for st in stages:  # bad training data is reported now, not after the base evaluation
-        if st.task not in tasks.LEVELS and st.task != "mix":
+        if not tasks.levels_of(st.task):
             curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)
     r.commit = tracking.code_version()  # now, not at the end: the checkout may change while a run trains
