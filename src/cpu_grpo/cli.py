@@ -225,8 +225,8 @@ def _training_commands(sub) -> None:
     p.set_defaults(func=cmd_train, default_profile="demo")
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
-    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | gsm8k | gsm8k-train | "
-                   "path.jsonl (the whole file) | hf:NAME")
+    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | levels joined by + "
+                   "(basic+intermediate) | gsm8k | gsm8k-train | path.jsonl (the whole file) | hf:NAME")
     p.add_argument("--n", type=int, default=250, help="number of problems")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
                    "and of sampling")
