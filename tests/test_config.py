@@ -401,6 +401,8 @@ def test_steps_scales_a_profiles_own_stage_steps():
     # 2, 12, 10 of 24 scaled to 20: 1.7, 10, 8.3, rounded to a sum of 20
     assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 2), ("intermediate", 10), ("advanced", 8)]
     assert build("default", None, {"steps": 3}).total_steps == 3
+    with pytest.raises(ConfigError, match=re.escape("steps 2 < 3 stages: give 3 or more, or --stages")):
+        build("default", None, {"steps": 2})  # not silently the profile's 24
     assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
     assert build("demo", None, {"steps": 20}).total_steps == 20
     assert build("default", None, {}).total_steps == 24

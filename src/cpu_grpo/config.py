@@ -137,8 +137,7 @@ class TrainConfig:
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
             (self.temperature > 0, "temperature must be > 0: rollouts are sampled, and their log-probs are divided "
                                    "by it (greedy decoding is for evaluation only)"),
-            (self.top_k >= 0, "top_k must be >= 0 (0: off)"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k >= 0 and 0 < self.top_p <= 1, "top_k must be >= 0 (0: off) and top_p must be in (0, 1]"),
             (len(self.rewards) >= 1, "give at least one reward function"),
             (len(self.rewards) == len(self.reward_weights),
              f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
@@ -150,8 +149,7 @@ class TrainConfig:
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
             (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
             (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
-            (self.learning_rate > 0, "learning_rate must be > 0"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.learning_rate > 0 and self.weight_decay >= 0, "learning_rate must be > 0, weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping)"),
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
             (self.allocator in ("auto", "jemalloc", "glibc"), "allocator must be auto, jemalloc or glibc"),
@@ -240,8 +238,10 @@ def scale_stages(stages: list, steps: int) -> list:
     """
     specs = [parse_stage(s) for s in stages]
     total = sum(s.get("steps", 0) for s in specs)
-    if any("steps" not in s for s in specs) or total == 0 or steps < len(specs):
+    if any("steps" not in s for s in specs) or total == 0:
         return stages
+    if steps < len(specs):
+        raise ConfigError(f"steps {steps} < {len(specs)} stages: give {len(specs)} or more, or --stages.")
     shares = [max(1, steps * s["steps"] // total) for s in specs]
     by_remainder = sorted(range(len(specs)), key=lambda i: -(steps * specs[i]["steps"] % total))
     for i in by_remainder[:max(0, steps - sum(shares))]:
