@@ -137,7 +137,8 @@ class TrainConfig:
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
             (self.temperature > 0, "temperature must be > 0: rollouts are sampled, and their log-probs are divided "
                                    "by it (greedy decoding is for evaluation only)"),
-            (self.top_k >= 0 and 0 < self.top_p <= 1, "top_k must be >= 0 (0: off) and top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0 (0: off)"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (len(self.rewards) >= 1, "give at least one reward function"),
             (len(self.rewards) == len(self.reward_weights),
              f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
@@ -149,7 +150,8 @@ class TrainConfig:
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
             (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
             (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
-            (self.learning_rate > 0 and self.weight_decay >= 0, "learning_rate must be > 0, weight_decay must be >= 0"),
+            (self.learning_rate > 0, "learning_rate must be > 0"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping)"),
             (self.threads >= 0, "threads must be >= 0 (0: one per physical core)"),
             (self.allocator in ("auto", "jemalloc", "glibc"), "allocator must be auto, jemalloc or glibc"),
@@ -322,11 +324,9 @@ def load_file(path: str | Path) -> dict:
             data = yaml.safe_load(text)
     except Exception as e:
         raise ConfigError(f"{path}: cannot parse it ({str(e).splitlines()[0]}): fix the syntax.") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict | None):  # an empty file is no overrides
         raise ConfigError(f"{path}: expected a mapping of field: value at the top level.")
-    return data
+    return data or {}
 
 
 def build(profile: str | None = None, file: str | None = None, overrides: dict | None = None) -> TrainConfig:
