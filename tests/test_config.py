@@ -169,10 +169,12 @@ def test_stages_from_yaml_mappings(tmp_path):
     assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5, 384)
     assert build(None, str(f)).total_steps == 13
     f.write_text("stages:\n  - {name: a, steps: 2, prioritized_sampling: true, dynamic_sampling_keep: hardest, "
-                 "lr_scheduler: cosine}\n  - {name: b, steps: 2}\n")
+                 "lr_scheduler: cosine, prompts_per_step: 8}\n  - {name: b, steps: 2}\n")
     a, b = plan(build(None, str(f)))
-    assert (a.prioritized_sampling, a.dynamic_sampling_keep, a.lr_scheduler) == (True, "hardest", "cosine")
-    assert (b.prioritized_sampling, b.dynamic_sampling_keep, b.lr_scheduler) == (None, "", "")  # the run's
+    assert (a.prioritized_sampling, a.dynamic_sampling_keep, a.lr_scheduler, a.prompts_per_step) == \
+        (True, "hardest", "cosine", 8)
+    assert (b.prioritized_sampling, b.dynamic_sampling_keep, b.lr_scheduler, b.prompts_per_step) == \
+        (None, "", "", 0)  # the run's
 
 
 @pytest.mark.parametrize("stages, steps, fragment", [
@@ -182,8 +184,9 @@ def test_stages_from_yaml_mappings(tmp_path):
     ([{"name": "a", "task": "basic", "epochs": 3}], 30, "unknown key(s) epochs"),
     ([{"task": "basic"}], 30, "give a name"),
     ([{"name": "a", "promote_at": 1.5}], 30, "promote_at in [0, 1]"),
-    ([{"name": "a", "max_new_tokens": -5}], 30, "max_new_tokens >= 0"),
-    ([{"name": "a", "max_new_tokens": "long"}], 30, "max_new_tokens must be integers"),
+    ([{"name": "a", "max_new_tokens": -5}], 30, "max_new_tokens, prompts_per_step >= 0"),
+    ([{"name": "a", "max_new_tokens": "long"}], 30, "max_new_tokens, prompts_per_step integers"),
+    ([{"name": "a", "prompts_per_step": -1}], 30, "prompts_per_step >= 0"),
     ([{"name": "a", "lr_scheduler": "step"}], 30, "lr_scheduler constant, linear or cosine"),
     ([{"name": "a", "dynamic_sampling_keep": "easiest"}], 30, "dynamic_sampling_keep first or hardest"),
     ([{"name": "a", "prioritized_sampling": "maybe"}], 30, "prioritized_sampling true or false"),

@@ -233,6 +233,19 @@ def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file
     assert [x["id"] for x in read_jsonl(out / "eval_before.jsonl")] == held  # in the sets' order
 
 
+def test_a_stage_with_its_own_prompts_per_step(tiny_model, tmp_path, reward_file):
+    """Its steps sample and train that many groups and consume that many problems; the others keep the run's 2."""
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, steps=4, ewc_lambda=0.0, eval_size=0,
+                    stages=["basic:2", {"name": "intermediate", "steps": 2, "prompts_per_step": 3}])
+    train(cfg, log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [(m["stage"], m["groups"], m["data_pos"]) for m in metrics] == \
+        [("basic", 2, 2), ("basic", 2, 4), ("intermediate", 3, 3), ("intermediate", 3, 6)]
+    groups = read_jsonl(out / "groups.jsonl")
+    assert [g["stage"] for g in groups] == ["basic"] * 4 + ["intermediate"] * 6
+
+
 def test_a_stage_on_joined_levels_replays_the_first_and_is_held_out_as_each(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, steps=4, ewc_lambda=0.0, prompts_per_step=4,

@@ -191,6 +191,7 @@ class Stage:
     lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
     prioritized_sampling: bool | None = None  # None: the run's
     dynamic_sampling_keep: str = ""  # "": the run's
+    prompts_per_step: int = 0  # 0: the run's
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
@@ -212,20 +213,19 @@ def parse_stage(spec) -> dict:
                           f"{', '.join(sorted(_STAGE_KEYS))}.")
     out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
     try:
-        for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float), ("max_new_tokens", int),
-                          ("lr_scheduler", str), ("dynamic_sampling_keep", str)):
-            if spec.get(key) is not None:
-                out[key] = kind(spec[key])
+        out |= {key: kind(spec[key]) for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float),
+                ("max_new_tokens", int), ("lr_scheduler", str), ("dynamic_sampling_keep", str),
+                ("prompts_per_step", int)) if spec.get(key) is not None}
         if spec.get("prioritized_sampling") is not None:
             out["prioritized_sampling"] = coerce(_FIELDS["prioritized_sampling"], spec["prioritized_sampling"])
     except (TypeError, ValueError, ConfigError):
-        raise ConfigError(f"stage '{spec['name']}': steps and max_new_tokens must be integers, promote_at and "
+        raise ConfigError(f"stage '{spec['name']}': steps, max_new_tokens, prompts_per_step integers, promote_at and "
                           "learning_rate numbers, prioritized_sampling true or false.") from None
-    if out.get("steps", 0) < 0 or not 0 <= out.get("promote_at", 0) <= 1 or out.get("learning_rate", 0) < 0 \
-            or out.get("max_new_tokens", 0) < 0 or out.get("lr_scheduler", "constant") not in SCHEDULES \
+    if min(out.get(k, 0) for k in ("steps", "learning_rate", "max_new_tokens", "prompts_per_step")) < 0 \
+            or not 0 <= out.get("promote_at", 0) <= 1 or out.get("lr_scheduler", "constant") not in SCHEDULES \
             or out.get("dynamic_sampling_keep", "first") not in ("first", "hardest"):
-        raise ConfigError(f"stage '{spec['name']}': steps >= 0, promote_at in [0, 1], learning_rate >= 0, "
-                          "max_new_tokens >= 0, lr_scheduler constant, linear or cosine, dynamic_sampling_keep first "
+        raise ConfigError(f"stage '{spec['name']}': steps, learning_rate, max_new_tokens, prompts_per_step >= 0, "
+                          "promote_at in [0, 1], lr_scheduler constant, linear or cosine, dynamic_sampling_keep first "
                           "or hardest.")
     return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import TrainConfig, eval_limits, plan
 from .evaluate import equal_batches
@@ -118,14 +118,15 @@ class Prediction:
 
 def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: int | None = None,
             prompt_len: int = PROMPT_TOKENS) -> Prediction:
-    """Seconds per step (rollout, update; the mean over the stages, each at its own completion limit unless
-    `completion_len` is given), peak RSS and the whole run's wall time for `cfg` on `machine`."""
-    stages = [(s.steps, completion_len or s.max_new_tokens or cfg.max_new_tokens) for s in plan(cfg)]
-    steps = max(1, sum(n for n, _ in stages))
-    phases = [(n, _step_seconds(cfg, shapes, machine, t, prompt_len)) for n, t in stages]
+    """Seconds per step (rollout, update; the mean over the stages, each at its own completion limit and prompts a
+    step unless `completion_len` is given), peak RSS and the whole run's wall time for `cfg` on `machine`."""
+    stages = [(s.steps, completion_len or s.max_new_tokens or cfg.max_new_tokens,
+               replace(cfg, prompts_per_step=s.prompts_per_step or cfg.prompts_per_step)) for s in plan(cfg)]
+    steps = max(1, sum(n for n, _, _ in stages))
+    phases = [(n, _step_seconds(c, shapes, machine, t, prompt_len)) for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
-    return Prediction(rollout, update, peak_gb(cfg, shapes, max(t for _, t in stages), prompt_len), cfg.total_steps,
-                      eval_seconds(cfg, shapes, machine, prompt_len))
+    peak = max(peak_gb(c, shapes, t, prompt_len) for _, t, c in stages)
+    return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len))
 
 
 def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:

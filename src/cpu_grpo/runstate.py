@@ -110,6 +110,7 @@ class Run:
     type_counts: dict = field(default_factory=dict)  # that stage's rollouts by problem type: [samples, right]
     max_new_tokens: int = 0  # that stage's completion limit in training (0: the config's)
     dynamic_sampling_keep: str = ""  # that stage's rule for the groups dynamic sampling trains ("": the config's)
+    prompts_per_step: int = 0  # that stage's prompts a step (0: the config's)
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
     micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
@@ -119,6 +120,11 @@ class Run:
     def limit(self) -> int:
         """The completion limit of the rollouts now: the stage's, else the config's max_new_tokens."""
         return self.max_new_tokens or self.cfg.max_new_tokens
+
+    @property
+    def prompts(self) -> int:
+        """The prompts a step now: the stage's, else the config's prompts_per_step."""
+        return self.prompts_per_step or self.cfg.prompts_per_step
 
     def sampling(self, greedy: bool = False, max_new_tokens: int = 0) -> Sampling:
         """How rollouts are sampled (the stage's limit, the config's temperature and top-k/p), or the greedy

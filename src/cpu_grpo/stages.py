@@ -49,6 +49,7 @@ def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
     lr = stage.learning_rate or cfg.learning_rate
     r.max_new_tokens, r.dynamic_sampling_keep = stage.max_new_tokens, stage.dynamic_sampling_keep
+    r.prompts_per_step = stage.prompts_per_step
     r.sched.base_lrs = [lr for _ in r.opt.param_groups]
     r.sched.lr_lambdas = [lr_factor(cfg, stage, start=r.step - r.stage_step) for _ in r.opt.param_groups]
     for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):

@@ -98,19 +98,20 @@ def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
 
-def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "") -> list[int]:
-    """The groups the update trains on. With `dynamic_sampling` (DAPO), prompts_per_step groups whose first reward
-    function (correctness by default) is not the same for every sample: the first ones, or with
+def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "", n: int = 0) -> list[int]:
+    """The groups the update trains on. With `dynamic_sampling` (DAPO), `n` (else prompts_per_step) groups whose
+    first reward function (correctness by default) is not the same for every sample: the first ones, or with
     `dynamic_sampling_keep: hardest` (or `keep`, a stage's own rule) those with the lowest mean of it (the first
     among equals), in their order; otherwise every group."""
-    g, n = cfg.num_generations, len(next(iter(per_fn.values()))) // cfg.num_generations
+    g, n = cfg.num_generations, n or cfg.prompts_per_step
+    groups = len(next(iter(per_fn.values()))) // g
     if not cfg.dynamic_sampling:
-        return list(range(n))
-    first = torch.tensor(next(iter(per_fn.values())), dtype=torch.float).nan_to_num(0.0).view(n, g)
+        return list(range(groups))
+    first = torch.tensor(next(iter(per_fn.values())), dtype=torch.float).nan_to_num(0.0).view(groups, g)
     varies = (first != first[:, :1]).any(dim=1).nonzero().flatten().tolist()
     if (keep or cfg.dynamic_sampling_keep) == "hardest":
-        varies = sorted(sorted(varies, key=lambda i: first[i].mean().item())[:cfg.prompts_per_step])
-    return varies[:cfg.prompts_per_step]
+        varies = sorted(sorted(varies, key=lambda i: first[i].mean().item())[:n])
+    return varies[:n]
 
 
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
@@ -168,18 +169,18 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
 
 
 def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
-    """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the prompts_per_step problems at position
+    """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the step's r.prompts problems at position
     `pos` of the stage's order. Returns (record, rollout, total, per_fn, adv) over every group sampled, or None when
     a stop was requested during sampling (the rollout is discarded: the last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
     t0 = time.time()
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
-    # and reward (the whole batch); with dynamic sampling, again until prompts_per_step groups teach something
+    # and reward (the whole batch); with dynamic sampling, again until r.prompts groups teach something
     drawn, parts = 0, []
     while True:
         t = time.time()
         part = sample(r, draw(r.data_pos + drawn)[r.world.rank::r.world.size])
-        drawn += cfg.prompts_per_step
+        drawn += r.prompts
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
             return None
@@ -189,8 +190,8 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
         rollout = sum((p[0] for p in parts[1:]), parts[0][0])
         total = torch.cat([p[1] for p in parts])
         per_fn = {k: [v for p in parts for v in p[2][k]] for k in parts[0][2]}
-        keep = teaching(cfg, per_fn, r.dynamic_sampling_keep)
-        if len(keep) >= cfg.prompts_per_step or len(parts) >= max(1, cfg.dynamic_sampling):
+        keep = teaching(cfg, per_fn, r.dynamic_sampling_keep, r.prompts)
+        if len(keep) >= r.prompts or len(parts) >= max(1, cfg.dynamic_sampling):
             break
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
     # ---------------------------------------------------------------- advantage (within each group)

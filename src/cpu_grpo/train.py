@@ -38,8 +38,9 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     world = distributed.init(cfg.ddp_timeout)
     run_dir, created = None, False
     try:
-        if cfg.prompts_per_step < world.size:
-            raise TrainingError(f"prompts_per_step {cfg.prompts_per_step} is less than the {world.size} ranks: each "
+        fewest = min(s.prompts_per_step or cfg.prompts_per_step for s in plan(cfg))
+        if fewest < world.size:
+            raise TrainingError(f"prompts_per_step {fewest} is less than the {world.size} ranks: each "
                                 "rank samples whole groups, so give at least one prompt per rank")
         run_dir, ckpt, created = world.broadcast(open_run_dir(cfg, profile, resume) if world.main else None)
         with RunLock(run_dir) if world.main else contextlib.nullcontext():
@@ -167,10 +168,10 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
     prioritized = cfg.prioritized_sampling if stage.prioritized_sampling is None else stage.prioritized_sampling
     priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if prioritized else None
 
-    def draw(pos: int) -> list:  # prompts_per_step problems: at position pos of the stage's order, or by type
+    def draw(pos: int) -> list:  # a step's problems: at position pos of the stage's order, or by type
         if priority:
-            return priority.draw(pos, cfg.prompts_per_step, r.type_counts)
-        return [train_set[order[(pos + i) % len(order)]] for i in range(cfg.prompts_per_step)]
+            return priority.draw(pos, r.prompts, r.type_counts)
+        return [train_set[order[(pos + i) % len(order)]] for i in range(r.prompts)]
 
     while r.stage_step < stage.steps and not done and not stop_agreed(r, stop):
         step = grpo_step(r, ref, reward_fns, draw, stop)
