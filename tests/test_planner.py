@@ -33,6 +33,9 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
     assert predict(base, shapes, MACHINE, completion_len=48).step_s < p.step_s
     dynamic = predict(config.build(None, None, {**base.to_dict(), "dynamic_sampling": 3}), shapes, MACHINE)
     assert dynamic.rollout_s == pytest.approx(3 * p.rollout_s) and dynamic.update_s == p.update_s  # worst case
+    wider = [{"name": "a", "steps": 5}, {"name": "b", "steps": 5, "prompts_per_step": 3 * base.prompts_per_step}]
+    staged = predict(config.build(None, None, {**base.to_dict(), "stages": wider}), shapes, MACHINE)
+    assert p.step_s < staged.step_s < 3 * p.step_s and staged.peak_gb >= p.peak_gb  # half the steps at 3x the prompts
     evaluated = predict(config.build(None, None, {**base.to_dict(), "eval_size": 100}), shapes, MACHINE)
     assert evaluated.eval_s > 0 and evaluated.wall_s > p.wall_s
     long_eval = config.build(None, None, {**base.to_dict(), "eval_size": 400, "eval_max_new_tokens": 4096})

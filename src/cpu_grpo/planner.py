@@ -205,8 +205,10 @@ def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
     h = pred.wall_s / 3600
     own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in plan(cfg) if s.max_new_tokens)
+    prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in plan(cfg) if s.prompts_per_step)
     return "\n".join([
-        f"plan for {model}: {cfg.prompts_per_step} prompts x {cfg.num_generations} samples x "
+        f"plan for {model}: {cfg.prompts_per_step} prompts{f' ({prompts})' if prompts else ''} x "
+        f"{cfg.num_generations} samples x "
         f"{cfg.max_new_tokens} tokens{f' ({own})' if own else ''}, "
         f"{'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
         f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
