@@ -413,9 +413,9 @@ def test_a_stage_with_its_own_sampling(tiny_model, tmp_path, monkeypatch):
     reward.write_text(NO_BIKE)
     rules, real = [], step_mod.teaching
 
-    def spy(cfg, per_fn, keep=""):
+    def spy(cfg, per_fn, keep="", n=0):
         rules.append(keep)
-        return real(cfg, per_fn, keep)
+        return real(cfg, per_fn, keep, n)
 
     monkeypatch.setattr(step_mod, "teaching", spy)
     out = tmp_path / "run"
