@@ -204,8 +204,9 @@ def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t
 
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
     h = pred.wall_s / 3600
-    own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in plan(cfg) if s.max_new_tokens)
-    prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in plan(cfg) if s.prompts_per_step)
+    stages = plan(cfg)
+    own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in stages if s.max_new_tokens)
+    prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in stages if s.prompts_per_step)
     return "\n".join([
         f"plan for {model}: {cfg.prompts_per_step} prompts{f' ({prompts})' if prompts else ''} x "
         f"{cfg.num_generations} samples x "
