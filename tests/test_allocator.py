@@ -14,11 +14,11 @@ from cpu_grpo.errors import UserError
 pytestmark = pytest.mark.slow  # two tiny training runs in fresh processes
 
 
-def train_in_a_process(tiny_model, out, reward_file, choice):
+def train_in_a_process(tiny_model, out, reward_file, choice, *more):
     cmd = [sys.executable, "-m", "cpu_grpo", "demo", "--model", tiny_model, "--output-dir", str(out), "--steps", "1",
            "--prompts-per-step", "2", "--num-generations", "2", "--max-new-tokens", "6", "--eval-size", "2",
            "--eval-max-new-tokens", "4", "--train-size", "20", "--rewards", f"{reward_file}:length_reward",
-           "--reward-weights", "1.0", "--score-truncated", "--allocator", choice]
+           "--reward-weights", "1.0", "--score-truncated", "--allocator", choice, *more]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -28,6 +28,9 @@ def test_train_runs_with_jemalloc_where_the_system_has_it(tiny_model, tmp_path, 
     expected = "jemalloc" if allocator.find_jemalloc() else "glibc"
     assert f"allocator {expected})" in auto.stdout
     assert auto.stdout.count("run: ") == 1  # restarted before it printed anything, once
+    resumed = train_in_a_process(tiny_model, tmp_path / "auto", reward_file, "auto", "--resume", "--steps", "2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.stdout.count("resuming with the run's config") == 1  # said after the restart, once
     glibc = train_in_a_process(tiny_model, tmp_path / "glibc", reward_file, "glibc")
     assert glibc.returncode == 0, glibc.stderr[-2000:]
     assert "allocator glibc)" in glibc.stdout

@@ -24,12 +24,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                            help=f"{f.metadata['help']} (default: {default})", **flag)
 
 
-def _config_from(args) -> config_mod.TrainConfig:
-    """Profile < --config file < --field value; with --resume, the run's saved config < --config < --field value."""
+def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
+    """Profile < --config file < --field value; with --resume, the run's saved config < --config < --field value.
+    Returns the config and, when resuming, a line that says which saved config it continues and what changed."""
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
     saved = _saved_config(overrides) if args.resume else None
     if saved is None:
-        return config_mod.build(args.profile or args.default_profile, args.config, overrides)
+        return config_mod.build(args.profile or args.default_profile, args.config, overrides), ""
     mine, old = {**(config_mod.load_file(args.config) if args.config else {}), **overrides}, config_mod.load_file(saved)
     for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
         if key in mine and config_mod.build(None, None, {key: mine[key]}).to_dict()[key] != old.get(key):
@@ -37,8 +38,7 @@ def _config_from(args) -> config_mod.TrainConfig:
                                          f"without --{key.replace('_', '-')}, or start a new run for {mine[key]!r}")
     cfg = config_mod.build(None, None, {**old, **mine})
     changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
-    print(f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else ""))
-    return cfg
+    return cfg, f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else "")
 
 
 def _saved_config(overrides: dict):
@@ -57,9 +57,11 @@ def cmd_train(args) -> int:
         return _torchrun(args.nproc, args.argv)
     from .train import train
 
-    cfg = _config_from(args)
+    cfg, note = _config_from(args)
     if args.own_process:  # `cpu-grpo train` itself, not main() called by a program: it may restart with jemalloc
         allocator.restart_with(cfg.allocator, args.argv)
+    if note:  # after the restart, so that it is said once
+        print(note)
     try:
         train(cfg, profile=args.profile or args.default_profile, resume=args.resume)
     finally:
@@ -138,7 +140,9 @@ def cmd_compare(args) -> int:
 def cmd_plan(args) -> int:
     from .planner import Machine, Shapes, fit_budget, predict, render
 
-    cfg = _config_from(args)
+    cfg, note = _config_from(args)
+    if note:
+        print(note)
     shapes, machine = Shapes.of_model(cfg.model), Machine.measure()
     print(render(cfg, predict(cfg, shapes, machine, args.completion_len), machine, cfg.model))
     if args.budget or args.memory:
