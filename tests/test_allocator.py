@@ -11,7 +11,7 @@ import pytest
 from cpu_grpo import allocator
 from cpu_grpo.errors import UserError
 
-pytestmark = pytest.mark.slow  # two tiny training runs in fresh processes
+pytestmark = pytest.mark.slow  # tiny training runs in fresh processes
 
 
 def train_in_a_process(tiny_model, out, reward_file, choice, *more):
