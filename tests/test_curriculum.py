@@ -210,6 +210,20 @@ def test_resume_inside_the_second_stage(tiny_model, tmp_path, reward_file):
     assert metrics[-1]["ewc_penalty"] > 0  # the Fisher of stage 1 came back from the checkpoint
 
 
+def test_a_finished_run_extended_by_a_stage_anchors_its_old_last_stage(tiny_model, tmp_path, reward_file):
+    """The last stage gets no Fisher (nothing after it needs one); resumed with a stage more, it gets the one it
+    would have had, and the run goes on as a run of both stages from the start does."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    train(stage_cfg(tiny_model, out, reward_file, steps=3, stages=["basic:3"], eval_size=0), log=lambda *a: None)
+    both = dict(steps=5, stages=["basic:3", "intermediate:2"], eval_size=0)
+    train(stage_cfg(tiny_model, out, reward_file, **both), resume=True, log=lambda *a: None)
+    train(stage_cfg(tiny_model, fresh, reward_file, **both), log=lambda *a: None)
+    penalty = [m["ewc_penalty"] for m in read_jsonl(out / "metrics.jsonl")]
+    assert penalty[-1] > 0 and penalty == pytest.approx([m["ewc_penalty"] for m in read_jsonl(fresh / "metrics.jsonl")])
+    last = checkpoint.complete(out / "checkpoints")[-1]
+    assert curriculum.EWC.load(last / curriculum.EWC_FILE).stages == ["basic"]
+
+
 def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file, monkeypatch):
     """Its rollouts stop at its limit, and its task's held-out set is evaluated at it, before and after; the other
     stages and sets keep the run's limits (12 in training, 8 in evaluation)."""

@@ -92,7 +92,11 @@ def estimate_fisher(r: Run, k: int, data: list[tasks.Example], order: list[int])
 def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, order, promoted_at) -> None:
     """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint."""
     cfg, t0 = r.cfg, time.time()
+    fisher_due = cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages
     if r.world.broadcast(stage_finished(r.dir, k, r.step)):  # resumed from this stage's own end checkpoint
+        if fisher_due:  # it was the last stage when it ended: a run extended by more stages anchors it all the same
+            add_fisher(r, k, stage, data, order)
+            save_checkpoint(r, tag=stage.name)
         return
     record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
               "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
@@ -106,15 +110,20 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
         r.log(f"stage '{stage.name}' done: evaluating {sum(len(s.examples) for s in eval_set)} held-out problems ...")
         evaluate_all(r, eval_set, path)
     record["eval_seconds"] = round(time.time() - t0, 1)
-    if cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages:
-        t1 = time.time()
-        r.ewc.add_stage(stage.name, estimate_fisher(r, k, data, order), dict(curriculum.trainable(r.model)))
-        record |= {"fisher_samples": cfg.fisher_samples, "fisher_seconds": round(time.time() - t1, 1)}
-        r.log(f"Fisher diagonal of stage '{stage.name}' from {cfg.fisher_samples} samples in "
-              f"{record['fisher_seconds']:.0f}s")
+    if fisher_due:
+        record |= add_fisher(r, k, stage, data, order)
     save_checkpoint(r, tag=stage.name)
     if r.world.main:
         append_jsonl(r.dir / "stages.jsonl", record)
+
+
+def add_fisher(r: Run, k: int, stage: Stage, data, order) -> dict:
+    """Anchor EWC at stage k's end: its Fisher diagonal and the weights now."""
+    t0 = time.time()
+    r.ewc.add_stage(stage.name, estimate_fisher(r, k, data, order), dict(curriculum.trainable(r.model)))
+    seconds = round(time.time() - t0, 1)
+    r.log(f"Fisher diagonal of stage '{stage.name}' from {r.cfg.fisher_samples} samples in {seconds:.0f}s")
+    return {"fisher_samples": r.cfg.fisher_samples, "fisher_seconds": seconds}
 
 
 def stage_finished(run_dir: Path, k: int, step: int, promoted_only: bool = False) -> bool:
