@@ -11,8 +11,8 @@ from cpu_grpo.stats import (
     accuracy_summary,
     majority_vote,
     mcnemar_exact,
-    paired_bootstrap_diff,
     paired_comparison,
+    paired_interval,
     pass_at_k,
     significance_sentence,
     wilson_interval,
@@ -73,44 +73,40 @@ def test_accuracy_summary():
         accuracy_summary([0.5, 1.0])
 
 
-# ---------------------------------------------------------------------------- paired bootstrap
+# ---------------------------------------------------------------------------- paired interval
 
 
-def test_bootstrap_matches_normal_approximation():
-    # n = 200, 10 only-before, 30 only-after: diff = 20/200 = 0.1.
-    # Per-problem d in {-1, 0, 1}: var = E[d^2] - diff^2 = 40/200 - 0.01 = 0.19,
-    # se = sqrt(0.19/200) = 0.030822,
-    # so the interval is about 0.1 +- 1.96 * 0.030822 = (0.0396, 0.1604).
-    before, after = pairs(100, 10, 30, 60)
-    diff, (lo, hi) = paired_bootstrap_diff(before, after)
-    assert diff == pytest.approx(0.1, abs=1e-12)
-    assert lo < diff < hi
-    assert lo == pytest.approx(0.0396, abs=0.01) and hi == pytest.approx(0.1604, abs=0.01)
+def test_paired_interval_matches_the_published_example():
+    # Cavo et al. 2012, complete response before and after consolidation therapy, as in Fagerland, Lydersen and
+    # Laake (2017), chapter 8 (the R package contingencytables' test): -0.0621 (95% CI -0.1186 to -0.0046).
+    before, after = pairs(59, 16, 6, 80)  # rows of the book's table: after; columns: before
+    lo, hi = paired_interval(before, after)
+    assert (sum(after) - sum(before)) / len(after) == pytest.approx(-0.0621, abs=5e-5)
+    assert (lo, hi) == (pytest.approx(-0.1186, abs=5e-5), pytest.approx(-0.0046, abs=5e-5))
 
 
-def test_bootstrap_matches_resampling_pair_indices():
-    before, after = pairs(50, 12, 25, 113)
-    b, a = np.array(before), np.array(after)
-    idx = np.random.default_rng(1).integers(0, len(b), size=(20000, len(b)))  # literal pair resampling
-    ref = np.percentile(a[idx].mean(axis=1) - b[idx].mean(axis=1), [2.5, 97.5])
-    _, (lo, hi) = paired_bootstrap_diff(before, after, n_boot=20000)
-    assert lo == pytest.approx(ref[0], abs=0.01) and hi == pytest.approx(ref[1], abs=0.01)
+def test_paired_interval_keeps_its_coverage_when_few_answers_change():
+    """200 problems, 1% fixed and 1% broken, no true change: the interval holds zero at least 95% of the time (a
+    bootstrap of the pairs excludes zero whenever none is broken and 4 or more are fixed, McNemar p >= 0.125)."""
+    rng = np.random.default_rng(0)
+    missed = 0
+    for _ in range(2000):
+        only_before, only_after, both_wrong = rng.multinomial(200, [0.01, 0.01, 0.08, 0.90])[:3]
+        lo, hi = paired_interval(*pairs(200 - only_before - only_after - both_wrong, only_before, only_after,
+                                        both_wrong))
+        missed += not lo <= 0 <= hi
+    assert missed / 2000 < 0.05
 
 
-def test_bootstrap_deterministic_per_seed():
-    before, after = pairs(30, 5, 9, 16)
-    assert paired_bootstrap_diff(before, after, seed=3) == paired_bootstrap_diff(before, after, seed=3)
-    # With n = 60 the percentiles fall on a coarse grid (steps of 1/60), so two seeds may agree; ten do not.
-    assert len({paired_bootstrap_diff(before, after, seed=s) for s in range(10)}) > 1
-
-
-def test_bootstrap_no_change_and_errors():
+def test_paired_interval_edges_and_errors():
     same = [True, False, True]
-    assert paired_bootstrap_diff(same, same) == (0.0, (0.0, 0.0))
+    lo, hi = paired_interval(same, same)
+    assert lo < 0 < hi
+    assert paired_interval([False] * 5, [True] * 5)[1] == 1.0 and paired_interval([True] * 5, [False] * 5)[0] == -1.0
     with pytest.raises(ValueError, match="same, non-empty"):
-        paired_bootstrap_diff([True], [True, False])
+        paired_interval([True], [True, False])
     with pytest.raises(ValueError, match="same, non-empty"):
-        paired_bootstrap_diff([], [])
+        paired_interval([], [])
 
 
 # ---------------------------------------------------------------------------- McNemar
@@ -150,6 +146,9 @@ def test_paired_comparison():
     assert cmp["p_value"] == mcnemar_exact(before, after)
     assert cmp["significant"] is True
     assert paired_comparison(*pairs(100, 10, 12, 78))["significant"] is False
+    # 4 fixed, none broken: McNemar p = 0.125, so not significant (a pair bootstrap's interval excluded zero)
+    few = paired_comparison(*pairs(194, 0, 4, 2))
+    assert few["p_value"] == 0.125 and few["significant"] is False and few["ci95"][0] < 0
 
 
 def test_significance_sentence():
@@ -163,7 +162,7 @@ def test_significance_sentence():
     )
     flat = {"diff": 0.0, "ci95": [-0.0001, 0.03125], "p_value": 1.0, "significant": False}
     assert significance_sentence(flat) == (
-        "+0.0 points (95% CI +0.0 to +3.1, McNemar p = 1): not significant (the interval includes zero)."
+        "+0.0 points (95% CI +0.0 to +3.1, McNemar p = 1): not significant (p >= 0.05)."
     )
     cmp = paired_comparison(*pairs(100, 10, 30, 60))
     assert significance_sentence(cmp).endswith("a significant improvement.")

@@ -1,8 +1,9 @@
 """Every evaluation metric per difficulty level, as numbers (for summary.json) and as markdown tables.
 
 Rates (accuracy under each extractor, reasoning quality, consistency) carry a 95% Wilson interval;
-means (calculation steps, pass@k) a percentile bootstrap interval. Before/after on the same problems: the
-paired difference with a bootstrap interval, and for rates McNemar's exact p-value. A metric that is
+means (calculation steps, pass@k) a percentile bootstrap interval. Before/after on the same problems: for rates
+the paired difference with Newcombe's paired interval and McNemar's exact p-value (significant: p < 0.05), for
+means the paired difference with a bootstrap interval (significant: it excludes zero). A metric that is
 None for a problem (no computation to be consistent with, math-verify not installed) leaves that
 problem out of that metric, and out of its pairs. Records of older runs that lack a metric skip it.
 """
@@ -249,7 +250,7 @@ def sampled_table(summary: dict) -> str:
 
 
 def compare(before: list[dict], after: list[dict]) -> dict:
-    """Per level: before/after accuracy with Wilson intervals, paired difference with bootstrap CI and McNemar."""
+    """Per level: before/after accuracy with Wilson intervals; the paired change, Newcombe's interval, McNemar."""
     return accuracy_levels(metric_summary(before, after, keys=("correct",)))
 
 

@@ -1,7 +1,7 @@
 """Evaluation: greedy answers on held-out problems, accuracy per difficulty with intervals, before/after.
 
 This module runs the model; each record holds every per-completion metric of metrics.py. evaltables.py pairs
-before and after and makes the tables (Wilson intervals, paired bootstrap, McNemar); report.py writes
+before and after and makes the tables (Wilson intervals, Newcombe's paired interval, McNemar); report.py writes
 summary.json and report.md. `run_sampled` draws k completions per problem instead, for pass@k and
 majority-vote@k.
 """

@@ -156,8 +156,8 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
     if summary["levels"]:
         lines += ["## Held-out accuracy, before and after (greedy)", "", accuracy_table(summary["levels"])]
         lines += [e["delta"]["sentence"] for e in summary["levels"].values() if "delta" in e]
-        lines += ["", "Intervals: Wilson for accuracies; paired bootstrap (10,000 resamples) for the change; "
-                  "McNemar's exact test on the discordant pairs.", ""]
+        lines += ["", "Intervals: Wilson for accuracies; Newcombe's paired interval for the change; significant: "
+                  "McNemar's exact test on the discordant pairs, p < 0.05.", ""]
         types = type_table(read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl"))
         if types:
             lines += ["### By problem type", "", "Where a level's errors are (the generator's question templates, "

@@ -62,24 +62,29 @@ def accuracy_summary(correct: Sequence[bool]) -> dict:
     return {"accuracy": k / n if n else 0.0, "n": n, "ci95": [lo, hi]}
 
 
-def paired_bootstrap_diff(
-    before: Sequence[bool], after: Sequence[bool], n_boot: int = 10000, seed: int = 0
-) -> tuple[float, tuple[float, float]]:
-    """mean(after) - mean(before), and a percentile 95% interval from resampling problems (pairs).
+def paired_interval(before: Sequence[bool], after: Sequence[bool], z: float = Z95) -> tuple[float, float]:
+    """95% interval for mean(after) - mean(before) on the same problems: Newcombe's square-and-add interval for
+    paired proportions (Newcombe 1998, method 10; Fagerland, Lydersen and Laake 2017, section 8.5), the Wilson
+    interval of each rate combined with the correlation of the pairs. It keeps its coverage when few answers change
+    and agrees with McNemar's test there, where a bootstrap of the pairs does not (4 problems fixed and none broken:
+    every resample has a gain, so the bootstrap's interval excludes zero, while McNemar's p is 0.125).
 
-    Each problem contributes d = after - before in {-1, 0, +1}, so a resample of n pairs is fully
-    described by how many of each it drew: a multinomial draw with the observed frequencies. That
-    is the same distribution as resampling pair indices, in O(n_boot) memory instead of O(n_boot * n).
+    >>> [round(x, 4) for x in paired_interval([True] * 194 + [False] * 6, [True] * 198 + [False] * 2)]
+    [-0.0039, 0.0515]
     """
     b, a = _as_pairs(before, after)
     n = len(b)
-    d = a.astype(int) - b.astype(int)
-    counts = np.array([(d == -1).sum(), (d == 0).sum(), (d == 1).sum()])
-    rng = np.random.default_rng(seed)
-    draws = rng.multinomial(n, counts / n, size=n_boot)  # (n_boot, 3): drawn -1s, 0s, +1s
-    diffs = (draws[:, 2] - draws[:, 0]) / n  # (n_boot,)
-    lo, hi = np.percentile(diffs, [2.5, 97.5])
-    return float(d.mean()), (float(lo), float(hi))
+    n11, n12, n21, n22 = (int(x) for x in ((a & b).sum(), (a & ~b).sum(), (~a & b).sum(), (~a & ~b).sum()))
+    k1, k2 = n11 + n12, n11 + n21  # right after, right before
+    p1, p2 = k1 / n, k2 / n
+    (l1, u1), (l2, u2) = wilson_interval(k1, n, z), wilson_interval(k2, n, z)
+    psi = 0.0  # the correlation of the two rates, shrunk towards 0 by n / 2 (Newcombe's continuity correction)
+    if 0 < k1 < n and 0 < k2 < n:
+        cross = n11 * n22 - n12 * n21
+        psi = (cross - n / 2 if cross > n / 2 else min(cross, 0)) / math.sqrt(k1 * (n - k1) * k2 * (n - k2))
+    lo = p1 - p2 - math.sqrt(max((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2), 0.0))
+    hi = p1 - p2 + math.sqrt(max((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1), 0.0))
+    return max(lo, -1.0), min(hi, 1.0)
 
 
 def _discordant(before: Sequence[bool], after: Sequence[bool]) -> tuple[int, int]:
@@ -102,19 +107,13 @@ def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> float:
     return min(1.0, tail / 2 ** (m - 1))
 
 
-def paired_comparison(before: Sequence[bool], after: Sequence[bool], seed: int = 0) -> dict:
-    """Everything a before/after claim needs; "significant" means the bootstrap interval excludes 0."""
-    diff, (lo, hi) = paired_bootstrap_diff(before, after, seed=seed)
+def paired_comparison(before: Sequence[bool], after: Sequence[bool]) -> dict:
+    """Everything a before/after claim needs; "significant" means McNemar's exact p < 0.05."""
+    lo, hi = paired_interval(before, after)
     b, c = _discordant(before, after)
-    return {
-        "diff": diff,
-        "ci95": [lo, hi],
-        "p_value": mcnemar_exact(before, after),
-        "n": len(before),
-        "b": b,
-        "c": c,
-        "significant": lo > 0 or hi < 0,
-    }
+    p = mcnemar_exact(before, after)
+    return {"diff": (c - b) / len(before), "ci95": [lo, hi], "p_value": p, "n": len(before), "b": b, "c": c,
+            "significant": p < 0.05}
 
 
 def _points(x: float) -> str:
@@ -128,15 +127,15 @@ def significance_sentence(cmp: dict, label: str = "") -> str:
     >>> significance_sentence(cmp, "GSM8K")
     'GSM8K: +21.5 points (95% CI +15.0 to +28.0, McNemar p = 0.0001): a significant improvement.'
     >>> significance_sentence({"diff": -0.01, "ci95": [-0.04, 0.02], "p_value": 0.5, "significant": False})
-    '-1.0 points (95% CI -4.0 to +2.0, McNemar p = 0.5): not significant (the interval includes zero).'
+    '-1.0 points (95% CI -4.0 to +2.0, McNemar p = 0.5): not significant (p >= 0.05).'
     """
     lo, hi = cmp["ci95"]
     p = cmp["p_value"]
     p_text = "p < 0.0001" if p < 0.0001 else f"p = {p:.2g}"
     if not cmp["significant"]:
-        verdict = "not significant (the interval includes zero)"
+        verdict = "not significant (p >= 0.05)"
     else:
-        verdict = "a significant improvement" if lo > 0 else "a significant drop"
+        verdict = "a significant improvement" if cmp["diff"] > 0 else "a significant drop"
     prefix = f"{label}: " if label else ""
     return (
         f"{prefix}{_points(cmp['diff'])} points (95% CI {_points(lo)} to {_points(hi)}, McNemar {p_text}): "
