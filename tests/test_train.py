@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from cpu_grpo import checkpoint, config
 from cpu_grpo.cli import main
 from cpu_grpo.config import ConfigError
-from cpu_grpo.errors import RunDirError
+from cpu_grpo.errors import RunDirError, UserError
 from cpu_grpo.models import ModelError
 from cpu_grpo.runstate import TrainingError
 from cpu_grpo.step import teaching
@@ -469,3 +469,19 @@ train(cfg, log=lambda *a: None)
     assert not list((out / "checkpoints").glob(".step-*"))
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
     assert checkpoint.latest(out).name == "step-000003"
+
+
+def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_path, reward_file):
+    """A config changed on resume so that a held-out set's completion limit differs would pair before and after
+    answers written under different limits: the run says so and changes nothing."""
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, steps=2), log=lambda *a: None)
+    before = (out / "eval_before.jsonl").read_text()
+    assert {r["max_new_tokens"] for r in read_jsonl(out / "eval_before.jsonl")} == {8}
+    with pytest.raises(UserError, match="'basic': its base records were scored at 8 tokens, this config evaluates it "
+                                        "at 10. Move the file away"):
+        train(tiny_cfg(tiny_model, out, reward_file, steps=3, eval_max_new_tokens=10), resume=True, log=lambda *a: None)
+    with pytest.raises(UserError, match="'basic': 3 of its 9 problems have no base record"):
+        train(tiny_cfg(tiny_model, out, reward_file, steps=3, eval_size=9), resume=True, log=lambda *a: None)
+    assert (out / "eval_before.jsonl").read_text() == before
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]

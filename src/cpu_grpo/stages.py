@@ -13,6 +13,7 @@ import torch
 from . import curriculum, evaluate, tasks
 from .batching import group_logprobs
 from .config import Stage, eval_limits
+from .errors import UserError
 from .rollout import encode_prompts
 from .runstate import RANK_SEED, Run, lr_factor, save_checkpoint
 from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
@@ -32,6 +33,7 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
         mine = [ex for s in group for ex in s.examples][r.world.rank::r.world.size]
         records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction,
                                                        r.sampling(greedy=True, max_new_tokens=limit), log=log or r.log))
+        records = [{**x, "max_new_tokens": limit} for x in records]
         for s in group:
             done[s.task], records = records[:len(s.examples)], records[len(s.examples):]
     records = [x for s in sets for x in done[s.task]]
@@ -40,6 +42,21 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
         path.write_text("".join(json.dumps(x) + "\n" for x in records))
         curriculum.write_forgetting(r.dir, r.cfg)
     return records
+
+
+def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> None:
+    """A resumed run's base evaluation (eval_before.jsonl) must be the one its config asks for: every held-out problem
+    scored, at its set's completion limit (records from before the limit was recorded are taken as they are)."""
+    records = {x["id"]: x for x in read_jsonl(path)}
+    for s in sets:
+        missing = sum(ex.id not in records for ex in s.examples)
+        limits = {records[ex.id].get("max_new_tokens", s.max_new_tokens) for ex in s.examples if ex.id in records}
+        if missing or limits != {s.max_new_tokens}:
+            what = (f"{missing} of its {len(s.examples)} problems have no base record" if missing else
+                    f"its base records were scored at {max(limits - {s.max_new_tokens})} tokens, this config "
+                    f"evaluates it at {s.max_new_tokens}")
+            raise UserError(f"{path}: held-out set '{s.task}': {what}. Move the file away to evaluate the base model "
+                            "again with this config, or resume with the config that made it.")
 
 
 def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:

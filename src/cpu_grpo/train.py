@@ -23,7 +23,7 @@ from . import allocator, checkpoint, curriculum, distributed, planner, report, r
 from .config import TrainConfig, describe, plan, save
 from .models import set_threads
 from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
-from .stages import enter_stage, evaluate_all, finish_stage, promoted, stage_finished
+from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, promoted, stage_finished
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
 from .trackers import summary_metrics
 from .tracking import RunLock, Tracker, read_json, stage_eval_path, write_status
@@ -130,6 +130,8 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict()) if world.main else _NoTracker()
     try:
         # ---------------------------------------------------------------- evaluate the base model
+        if (run_dir / "eval_before.jsonl").exists() and eval_set:
+            check_base_records(run_dir / "eval_before.jsonl", eval_set)
         if world.broadcast(bool(eval_set) and not (run_dir / "eval_before.jsonl").exists()):
             if world.main:
                 write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1,
