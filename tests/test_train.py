@@ -476,7 +476,7 @@ def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_
     answers written under different limits: the run says so and changes nothing."""
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file, steps=2), log=lambda *a: None)
-    before = (out / "eval_before.jsonl").read_text()
+    before, config_text = (out / "eval_before.jsonl").read_text(), (out / "train_config.yaml").read_text()
     assert {r["max_new_tokens"] for r in read_jsonl(out / "eval_before.jsonl")} == {8}
     with pytest.raises(UserError, match="'basic': its base records were scored at 8 tokens, this config evaluates it "
                                         "at 10. Move the file away"):
@@ -484,4 +484,5 @@ def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_
     with pytest.raises(UserError, match="'basic': 3 of its 9 problems have no base record"):
         train(tiny_cfg(tiny_model, out, reward_file, steps=3, eval_size=9), resume=True, log=lambda *a: None)
     assert (out / "eval_before.jsonl").read_text() == before
+    assert (out / "train_config.yaml").read_text() == config_text  # the run's own config, to resume with
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]

@@ -110,13 +110,15 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     busy = os.getloadavg()[0]
     if busy > 0.5 and world.size == 1:  # OpenMP threads that share their cores with another job run slower
         log(f"note: the CPU is already busy (load average {busy:.1f} on {os.cpu_count()} cores): steps will be slower")
+    eval_set = curriculum.held_out(cfg)
+    if eval_set and (run_dir / "eval_before.jsonl").exists():  # before the config is saved over the run's own
+        check_base_records(run_dir / "eval_before.jsonl", eval_set)
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     for spec in cfg.rewards:  # a bad reward is reported now, not after the base evaluation (each stage loads its own)
         rewards.load_reward(spec, cfg.max_new_tokens)
-    eval_set = curriculum.held_out(cfg)
     for st in stages:  # bad training data is reported now, not after the base evaluation
         if not tasks.levels_of(st.task):
             curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
@@ -130,8 +132,6 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict()) if world.main else _NoTracker()
     try:
         # ---------------------------------------------------------------- evaluate the base model
-        if (run_dir / "eval_before.jsonl").exists() and eval_set:
-            check_base_records(run_dir / "eval_before.jsonl", eval_set)
         if world.broadcast(bool(eval_set) and not (run_dir / "eval_before.jsonl").exists()):
             if world.main:
                 write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1,
