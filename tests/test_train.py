@@ -428,8 +428,9 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, rewar
 
     monkeypatch.setattr(ckpt_mod.config_mod, "save", full_inside_checkpoints)
     out = tmp_path / "run"
-    args = ["train", "--model", tiny_model, "--output-dir", str(out), "--steps", "3", "--save-every", "1",
-            "--eval-size", "0", "--prompts-per-step", "2", "--num-generations", "4", "--max-new-tokens", "12",
+    args = ["train", "--model", tiny_model, "--task", "basic", "--output-dir", str(out), "--steps", "3",
+            "--save-every", "1", "--eval-size", "0", "--prompts-per-step", "2", "--num-generations", "4",
+            "--max-new-tokens", "12",
             "--rewards", f"{reward_file}:length_reward", "--reward-weights", "1", "--score-truncated"]
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -483,6 +484,9 @@ def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_
         train(tiny_cfg(tiny_model, out, reward_file, steps=3, eval_max_new_tokens=10), resume=True, log=lambda *a: None)
     with pytest.raises(UserError, match="'basic': 3 of its 9 problems have no base record"):
         train(tiny_cfg(tiny_model, out, reward_file, steps=3, eval_size=9), resume=True, log=lambda *a: None)
+    with pytest.raises(UserError, match="no_such_reward"):  # a bad reward, found before the config is saved
+        train(tiny_cfg(tiny_model, out, reward_file, steps=3, rewards=[f"{reward_file}:no_such_reward"]),
+              resume=True, log=lambda *a: None)
     assert (out / "eval_before.jsonl").read_text() == before
     assert (out / "train_config.yaml").read_text() == config_text  # the run's own config, to resume with
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]

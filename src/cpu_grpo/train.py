@@ -111,17 +111,18 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     if busy > 0.5 and world.size == 1:  # OpenMP threads that share their cores with another job run slower
         log(f"note: the CPU is already busy (load average {busy:.1f} on {os.cpu_count()} cores): steps will be slower")
     eval_set = curriculum.held_out(cfg)
-    if eval_set and (run_dir / "eval_before.jsonl").exists():  # before the config is saved over the run's own
+    # refused now, not after the base evaluation, and before the config is saved over a resumed run's own
+    if eval_set and (run_dir / "eval_before.jsonl").exists():
         check_base_records(run_dir / "eval_before.jsonl", eval_set)
-    if world.main:
-        save(cfg, run_dir / "train_config.yaml")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    for spec in cfg.rewards:  # a bad reward is reported now, not after the base evaluation (each stage loads its own)
+    for spec in cfg.rewards:  # a bad reward (each stage loads its own)
         rewards.load_reward(spec, cfg.max_new_tokens)
-    for st in stages:  # bad training data is reported now, not after the base evaluation
+    for st in stages:  # bad training data
         if not tasks.levels_of(st.task):
             curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
+    if world.main:
+        save(cfg, run_dir / "train_config.yaml")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)
     r.commit = tracking.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
