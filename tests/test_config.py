@@ -115,13 +115,20 @@ def test_build_without_anything_is_the_defaults():
     assert build(profile="demo") == TrainConfig()
 
 
-def test_default_profile_is_the_three_stage_curriculum():
+def test_default_profile_is_the_curriculum_with_replay():
+    from cpu_grpo.config import eval_limits
+
     cfg = build(profile="default")
     assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
-        ("basic", "basic", 2), ("intermediate", "intermediate", 12), ("advanced", "advanced", 10)]
-    assert cfg.total_steps == 24 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
+        ("basic", "basic", 2), ("intermediate", "intermediate", 4), ("intermediate-1e-4", "intermediate", 3),
+        ("replay", "basic+intermediate", 3), ("advanced", "intermediate+advanced", 7)]
+    assert cfg.total_steps == 19 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
     assert "overlong" in cfg.rewards
-    assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 320]  # advanced at its own limit, the others the run's
+    assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 0, 0, 320]  # advanced at its own limit, the others the run's
+    assert [s.learning_rate for s in plan(cfg)] == [0, 2e-4, 0, 0, 0]
+    assert [s.prompts_per_step for s in plan(cfg)] == [0, 8, 8, 8, 8]
+    # intermediate is trained at 320 tokens in the last stage, so it is held out at 320 too
+    assert eval_limits(cfg) == {"basic": 256, "intermediate": 320, "advanced": 320}
 
 
 def test_a_stage_on_joined_levels_is_held_out_as_each_level_at_the_largest_limit_that_trains_it():
@@ -147,7 +154,7 @@ def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
-    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 24)]
+    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 19)]
     assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
 
 
@@ -401,14 +408,15 @@ def test_the_config_reference_in_docs_is_up_to_date():
 def test_steps_scales_a_profiles_own_stage_steps():
     """--steps wins over a profile whose stages fix their steps: they are scaled to it, in proportion."""
     cfg = build("default", None, {"steps": 20})
-    # 2, 12, 10 of 24 scaled to 20: 1.7, 10, 8.3, rounded to a sum of 20
-    assert [(s.name, s.steps) for s in plan(cfg)] == [("basic", 2), ("intermediate", 10), ("advanced", 8)]
-    assert build("default", None, {"steps": 3}).total_steps == 3
-    with pytest.raises(ConfigError, match=re.escape("steps 2 < 3 stages: give 3 or more, or --stages")):
-        build("default", None, {"steps": 2})  # not silently the profile's 24
+    # 2, 4, 3, 3, 7 of 19 scaled to 20: 2.1, 4.2, 3.2, 3.2, 7.4, rounded to a sum of 20
+    assert [(s.name, s.steps) for s in plan(cfg)] == [
+        ("basic", 2), ("intermediate", 4), ("intermediate-1e-4", 3), ("replay", 3), ("advanced", 8)]
+    assert build("default", None, {"steps": 5}).total_steps == 5
+    with pytest.raises(ConfigError, match=re.escape("steps 4 < 5 stages: give 5 or more, or --stages")):
+        build("default", None, {"steps": 4})  # not silently the profile's 19
     assert build("default", None, {"steps": 20, "stages": "basic:10,advanced:10"}).total_steps == 20
     assert build("demo", None, {"steps": 20}).total_steps == 20
-    assert build("default", None, {}).total_steps == 24
+    assert build("default", None, {}).total_steps == 19
 
 
 def test_doctests():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import UserError
+from .profiles import PROFILES
 from .tasks import held_out_tasks
 
 
@@ -282,31 +283,6 @@ def eval_limits(cfg: TrainConfig) -> dict[str, int]:
         own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in held_out_tasks(s.task)})
     tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}
-
-
-BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-PROFILES: dict[str, dict] = {
-    # a few minutes on 2 cores: a smoke run that shows every part working, not a result
-    "quick": dict(steps=8, prompts_per_step=4, num_generations=4, max_new_tokens=96, eval_size=40,
-                  eval_max_new_tokens=160, save_every=4),
-    "demo": dict(),  # the demo: trained and evaluated on basic problems, <= 30 minutes on 2 cores
-    # the curriculum on the 0.5B Qwen with LoRA and the \boxed{} instruction it was trained on (SmolLM2-135M learns
-    # nothing multi-step); advanced at 320 tokens, where every answer the base model gets right fits; DAPO's overlong
-    # shaping and dynamic sampling; every level evaluated before and after, <= 2 h on 2 cores (docs/learning.md)
-    "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                    stages=["basic:2", "intermediate:12", {"name": "advanced", "steps": 10, "max_new_tokens": 320}],
-                    steps=24, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
-                    rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
-                    max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
-                    ewc_lambda=1.0),
-    # the default profile's model on GSM8K's train file, evaluated on its first 500 test problems (the same at every
-    # seed) at 256 tokens, where the base model finishes 45% of its answers (docs/learning.md, sessions 14-15)
-    "gsm8k": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                  task="gsm8k", steps=24, prompts_per_step=4, dynamic_sampling=2,
-                  rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
-                  max_new_tokens=256, eval_max_new_tokens=256, eval_size=500),
-}
 
 
 def load_file(path: str | Path) -> dict:
