@@ -1,4 +1,4 @@
-"""Training configuration: one dataclass with help text; profiles; YAML files; CLI overrides.
+"""Training configuration: one dataclass with help text; profiles (profiles.py); YAML files; CLI overrides.
 
 Precedence, lowest first: field defaults < profile < --config YAML file < --key value on the command line.
 This module must not import torch: `cpu-grpo --help` stays fast.

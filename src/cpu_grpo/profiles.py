@@ -3,6 +3,11 @@ This module must not import torch."""
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
+# the 0.5B Qwen with LoRA, asked for the \boxed{} answers it was trained on, scored with DAPO's overlong shaping
+_QWEN_LORA = dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
+                  rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
+                  max_new_tokens=256, eval_max_new_tokens=256)
+
 # the intermediate stages: 8 prompts a step, problem types drawn by how often they fail, the hardest groups kept
 _HARD = dict(prompts_per_step=8, prioritized_sampling=True, dynamic_sampling_keep="hardest")
 
@@ -15,20 +20,15 @@ PROFILES: dict[str, dict] = {
     # nothing multi-step): intermediate at 2e-4, then at 1e-4, then with basic replayed; advanced at 320 tokens (where
     # every answer the base model gets right fits) with intermediate replayed; EWC at lambda 0.1; DAPO's overlong
     # shaping and dynamic sampling; every level evaluated before and after, <= 2 h on 2 cores (docs/learning.md)
-    "default": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
+    "default": dict(**_QWEN_LORA,
                     stages=["basic:2", dict(name="intermediate", steps=4, learning_rate=2e-4, **_HARD),
                             dict(name="intermediate-1e-4", task="intermediate", steps=3, **_HARD),
                             dict(name="replay", task="basic+intermediate", steps=3, **_HARD),
                             dict(name="advanced", task="intermediate+advanced", steps=7, max_new_tokens=320,
                                  prompts_per_step=8)],
-                    steps=19, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2,
-                    rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
-                    max_new_tokens=256, eval_max_new_tokens=256, eval_size=200, eval_every_stage=False,
-                    ewc_lambda=0.1),
+                    steps=19, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2, eval_size=200,
+                    eval_every_stage=False, ewc_lambda=0.1),
     # the default profile's model on GSM8K's train file, evaluated on its first 500 test problems (the same at every
     # seed) at 256 tokens, where the base model finishes 45% of its answers (docs/learning.md, sessions 14-15)
-    "gsm8k": dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                  task="gsm8k", steps=24, prompts_per_step=4, dynamic_sampling=2,
-                  rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
-                  max_new_tokens=256, eval_max_new_tokens=256, eval_size=500),
+    "gsm8k": dict(**_QWEN_LORA, task="gsm8k", steps=24, prompts_per_step=4, dynamic_sampling=2, eval_size=500),
 }
