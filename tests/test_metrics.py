@@ -232,3 +232,13 @@ def test_long_chains_without_a_result_do_not_backtrack_exponentially():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_latex_fractions_are_work():
+    # the 0.5B model writes its division as \frac (eval_after.jsonl of docs/runs/default-s28-seed0)
+    text = "1. The total:\n   \\[\n   25 + 200 = 225\n   \\]\n2. Each friend:\n   \\[\n   \\frac{225}{9} = 25\n   \\]\n"
+    assert [(c.expr, c.result) for c in computations(text)] == [("25 + 200", "225"), ("225/9", "25")]
+    assert reasoning_quality(text) and calc_correct_frac(text) == 1.0
+    assert calc_is_right(computations("\\dfrac{9 + 3}{4} = 3")[0])  # an expression over a number
+    assert not calc_is_right(computations("\\frac{225}{9} = 24")[0])
+    assert computations("1 - 1/4 = \\frac{3}{4}")[0].result == "3/4"  # a fraction as the result

@@ -18,7 +18,7 @@ _NUM_RE = re.compile(NUMBER)
 _STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval-harness gsm8k "strict-match"
 _FLEXIBLE_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # lm-eval-harness gsm8k "flexible-extract"
 _ANSWER_PHRASE_RE = re.compile(r"the\s+(?:final\s+)?answer\s+is|answer\s*:", re.IGNORECASE)
-_FRAC_RE = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+LATEX_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _PLAIN_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 
 
@@ -85,7 +85,7 @@ def _last_boxed(text: str) -> str | None:
 
 
 def _boxed_number(content: str) -> str | None:
-    content = _FRAC_RE.sub(r"\1/\2", content).replace("{,}", ",")
+    content = LATEX_FRAC.sub(r"\1/\2", content).replace("{,}", ",")
     for latex_space in ("\\!", "\\,", "\\ "):
         content = content.replace(latex_space, "")
     m = _NUM_RE.search(content.replace("\\$", "$"))

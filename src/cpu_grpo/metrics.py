@@ -11,6 +11,9 @@ The work (the seed system's qualitative metrics, made precise):
 - a *computation* is an arithmetic expression of at least two numbers joined by + - * / x × ÷ ·
   (parentheses, "$", thousands commas and "%" allowed, all on one line), then "=", then a result: a
   number, fraction or mixed number ("16 - 3 = 13", "$2 x 9 = $18", "(3 + 4) * 2 = 14", "3 / 2 = 1 1/2").
+  LaTeX is read as written work: "\\times", "\\cdot", "\\div" as operators, "\\frac{225}{9} = 25" as
+  "225/9 = 25" (until session 28 a \\frac division was not counted: reasoning_quality fell when a model
+  moved from "225 / 9 = 25" to "\\frac{225}{9} = 25").
   A GSM8K annotation "<<16-3=13>>" is one, and "16 - 3 = <<16-3=13>>13" counts once. A chain
   "3 * 4 = 12 + 2 = 14" is two computations. But when an operator follows the number after "=" and that
   number is not the value before it, the right side is an expression being rewritten and only the last
@@ -38,7 +41,7 @@ import threading
 from fractions import Fraction
 from typing import NamedTuple
 
-from .answers import answers_match, extract_answer, parse_number
+from .answers import LATEX_FRAC, answers_match, extract_answer, parse_number
 from .errors import UserError
 
 
@@ -232,6 +235,11 @@ def _evaluate(expr: str) -> Fraction | None:
         return None
 
 
+def _plain_fraction(m: re.Match) -> str:
+    """A LaTeX fraction as written work: "\\frac{225}{9}" as "225/9", "\\frac{9 + 3}{4}" as "(9 + 3)/4"."""
+    return "/".join(x.strip() if re.fullmatch(_NUMBER, x.strip()) else f"({x.strip()})" for x in m.groups())
+
+
 def computations(text: str) -> list[Computation]:
     """Every computation written in `text`, in order (see the module docstring for the definition).
 
@@ -240,6 +248,7 @@ def computations(text: str) -> list[Computation]:
     """
     for written, plain in _PLAIN.items():
         text = text.replace(written, plain)
+    text = LATEX_FRAC.sub(_plain_fraction, text)
     text = _ANNOTATION.sub(r" | \1 | ", text)
     out, pos = [], 0
     while (m := _COMPUTATION.search(text, pos)) is not None:
