@@ -101,6 +101,20 @@ def test_compare_two_evaluations_pairs_every_metric(tmp_path, capsys):
     assert "is not an evaluation" in capsys.readouterr().err
 
 
+def test_compare_two_evaluations_reads_the_work_again(tmp_path, capsys):
+    """A file written before a fix of the work metric (its stored reasoning_quality says False for two
+    computations, one of them a \\frac) compares on today's definition, not on the stored field."""
+    text = "25 + 200 = 225, then \\frac{225}{9} = 25. \\boxed{25}"
+    old = {"id": "p0", "difficulty": "intermediate", "correct": True, "completion": text,
+           "reasoning_quality": False, "calc_steps": 1, "consistent": True, "calc_correct_frac": 1.0}
+    a, b = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    jsonl(a, [old])
+    jsonl(b, [{**old, "reasoning_quality": True, "calc_steps": 2}])
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| reasoning quality (>= 2 steps of work) | 1 | 100.0% (" in out and "| +0.0 (" in out
+
+
 GSM8K_LINES = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
                 "answer": "3 + 4 = <<3+4=7>>7\n#### 7"},
                {"question": "A pen costs $2. How much do 5 pens cost?", "answer": "5 * 2 = <<5*2=10>>10\n#### 10"}]

@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from . import stats
+from . import metrics, stats
 from .errors import UserError
 from .tracking import read_jsonl
 
@@ -135,7 +135,9 @@ def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     shared = {r["id"] for r in a} & {r["id"] for r in b}
     if not shared:
         raise RunError(f"{file_a} and {file_b} share no problem: evaluate both with the same --task, --n and --seed.")
-    a, b = [r for r in a if r["id"] in shared], [r for r in b if r["id"] in shared]
+    # the work is read again from each completion: files written before a fix of the metric compare on one definition
+    a, b = ([{**r, **metrics.work(r["completion"])} if "completion" in r else r for r in x if r["id"] in shared]
+            for x in (a, b))
     summary = metric_summary(a, b)
     sentences = [stats.significance_sentence(e["correct"]["delta"], f"{level}, B vs A")
                  for level, e in summary.items() if "delta" in e.get("correct", {})]

@@ -330,12 +330,16 @@ def score_completion(text: str, gold: str, solution: str = "", use_math_verify: 
     strict = answers_match(extract_strict(text), gold)
     mv = math_verify_correct(text, gold) if use_math_verify and math_verify_available() else None
     reference = solution if "####" in solution else gold
-    found = computations(text)
     return {
         "pred": pred, "correct": answers_match(pred, gold), "strict_correct": strict, "correct_strict": strict,
         "correct_flexible": answers_match(extract_flexible(text), gold), "correct_math_verify": mv,
         "lm_eval_strict": lm_eval_strict_match(text, reference),
-        "lm_eval_flexible": lm_eval_flexible_extract(text, reference),
-        "calc_steps": len(found), "reasoning_quality": len(found) >= 2, "consistent": consistent(text),
-        "calc_correct_frac": sum(calc_is_right(c) for c in found) / len(found) if found else None,
+        "lm_eval_flexible": lm_eval_flexible_extract(text, reference), **work(text),
     }
+
+
+def work(text: str) -> dict:
+    """The written work's metrics, as the keys of an evaluation record (see the module docstring)."""
+    found = computations(text)
+    return {"calc_steps": len(found), "reasoning_quality": len(found) >= 2, "consistent": consistent(text),
+            "calc_correct_frac": sum(calc_is_right(c) for c in found) / len(found) if found else None}
