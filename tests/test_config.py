@@ -14,6 +14,7 @@ from cpu_grpo.config import (
     build,
     coerce,
     describe,
+    eval_limits,
     load_file,
     plan,
     save,
@@ -116,8 +117,6 @@ def test_build_without_anything_is_the_defaults():
 
 
 def test_default_profile_is_the_curriculum_with_replay():
-    from cpu_grpo.config import eval_limits
-
     cfg = build(profile="default")
     assert [(s.name, s.task, s.steps) for s in plan(cfg)] == [
         ("basic", "basic", 2), ("intermediate", "intermediate", 4), ("intermediate-1e-4", "intermediate", 3),
@@ -132,8 +131,6 @@ def test_default_profile_is_the_curriculum_with_replay():
 
 
 def test_a_stage_on_joined_levels_is_held_out_as_each_level_at_the_largest_limit_that_trains_it():
-    from cpu_grpo.config import eval_limits
-
     cfg = build(None, None, {"stages": ["basic:2", "basic+intermediate:2",
                                         {"name": "late", "task": "intermediate+advanced", "steps": 2,
                                          "max_new_tokens": 320}], "eval_task": "mix"})
