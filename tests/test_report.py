@@ -130,3 +130,20 @@ def test_report_shows_each_problem_type(tmp_path):
     text = (run / "report.md").read_text()
     assert "| intermediate | _ wants a bike that costs ... | 1 | 0 (0%) | 0 (0%) |" in text
     assert "| intermediate | A book about _ has _ pages ... | 2 | 1 (50%) | 2 (100%) |" in text
+
+
+def test_summary_reads_the_work_again(tmp_path):
+    """A reused eval_before.jsonl written before a fix of the work metric (its stored fields count one step in
+    two computations, one a \\frac) is summarised on today's definition, like the run's own eval_after.jsonl."""
+    run = tmp_path / "run"
+    run.mkdir()
+    text = "25 + 200 = 225, then \\frac{225}{9} = 25. \\boxed{25}"
+    old = {"id": "i-1", "difficulty": "intermediate", "question": "Q?", "answer": "25", "completion": text,
+           "correct": True, "reasoning_quality": False, "calc_steps": 1, "consistent": True, "calc_correct_frac": 1.0}
+    for name, rec in (("eval_before.jsonl", old), ("eval_after.jsonl", {**old, "reasoning_quality": True,
+                                                                         "calc_steps": 2})):
+        (run / name).write_text(json.dumps(rec) + "\n")
+    cfg = config.build(None, None, {"model": "m", "task": "intermediate"})
+    summary = report.write_summary(run, cfg, 1, 1.0, log=lambda *a: None)
+    steps = summary["metrics"]["intermediate"]["calc_steps"]
+    assert steps["before"]["mean"] == steps["after"]["mean"] == 2.0

@@ -135,9 +135,7 @@ def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     shared = {r["id"] for r in a} & {r["id"] for r in b}
     if not shared:
         raise RunError(f"{file_a} and {file_b} share no problem: evaluate both with the same --task, --n and --seed.")
-    # the work is read again from each completion: files written before a fix of the metric compare on one definition
-    a, b = ([{**r, **metrics.work(r["completion"])} if "completion" in r else r for r in x if r["id"] in shared]
-            for x in (a, b))
+    a, b = (metrics.with_work([r for r in x if r["id"] in shared]) for x in (a, b))
     summary = metric_summary(a, b)
     sentences = [stats.significance_sentence(e["correct"]["delta"], f"{level}, B vs A")
                  for level, e in summary.items() if "delta" in e.get("correct", {})]

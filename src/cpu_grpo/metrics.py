@@ -343,3 +343,9 @@ def work(text: str) -> dict:
     found = computations(text)
     return {"calc_steps": len(found), "reasoning_quality": len(found) >= 2, "consistent": consistent(text),
             "calc_correct_frac": sum(calc_is_right(c) for c in found) / len(found) if found else None}
+
+
+def with_work(records: list[dict]) -> list[dict]:
+    """Evaluation records with their work read again from each completion: a file written before a fix of the
+    metric (a run's reused eval_before.jsonl, an older `cpu-grpo eval --output`) counts on today's definition."""
+    return [{**r, **work(r["completion"])} if "completion" in r else r for r in records]

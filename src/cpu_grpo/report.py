@@ -16,6 +16,7 @@ from .evaltables import (
     pct_cell,
     type_table,
 )
+from .metrics import with_work
 from .tracking import code_version, file_safe, read_jsonl
 
 
@@ -178,7 +179,7 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: s
     code the run started with (code_version() then; now, when not given)."""
     from .config import plan
 
-    before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
+    before, after = (with_work(read_jsonl(run / name)) for name in ("eval_before.jsonl", "eval_after.jsonl"))
     metrics = metric_summary(before, after or None) if before else {}
     levels = accuracy_levels(metrics)
     stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
