@@ -130,6 +130,18 @@ def test_eval_command_prints_every_extractor(tiny_model, tmp_path, capsys):
     assert "| level | n | reasoning quality | " in out and "calc steps" in out
 
 
+def test_eval_takes_a_whole_file_unless_told(tiny_model, tmp_path):
+    """A file is evaluated whole by default, as the help says and lm-eval does (it was cut at 250 problems)."""
+    data, out = tmp_path / "three.jsonl", tmp_path / "out.jsonl"
+    jsonl(data, GSM8K_LINES + GSM8K_LINES[:1])
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--max-new-tokens", "4",
+                 "--output", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 3
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--n", "2", "--max-new-tokens", "4",
+                 "--output", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2
+
+
 def test_eval_samples_command(tiny_model, tmp_path, capsys):
     outs = [tmp_path / "s1.jsonl", tmp_path / "s2.jsonl"]
     for path in outs:

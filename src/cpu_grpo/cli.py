@@ -95,10 +95,12 @@ def cmd_eval(args) -> int:
     from .loaders import load_task
     from .models import load_model, set_threads
     from .rollout import Sampler, Sampling, stop_ids
+    from .tasks import levels_of
 
     instruction = args.instruction if args.instruction is not None else _instruction_of(args.model)
     set_threads()
-    examples = load_task(args.task, n=args.n, seed=args.seed, split=None,
+    n = 250 if args.n is None and levels_of(args.task) else args.n  # a generated level has no end
+    examples = load_task(args.task, n=n, seed=args.seed, split=None,
                          on_error="skip" if args.skip_bad_lines else "raise")
     model, tok = load_model(args.model, args.trust_remote_code)
     sampler, stops = Sampler(model), stop_ids(tok, model)
@@ -231,7 +233,8 @@ def _training_commands(sub) -> None:
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
     p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | levels joined by + "
                    "(basic+intermediate) | gsm8k | gsm8k-train | path.jsonl (the whole file) | hf:NAME")
-    p.add_argument("--n", type=int, default=250, help="number of problems")
+    p.add_argument("--n", type=int, default=None, help="number of problems (default: 250 of a generated level; "
+                   "all of a file, of GSM8K's 1,319 test problems or of a hub dataset, as lm-eval does)")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
                    "and of sampling")
     p.add_argument("--max-new-tokens", type=int, default=256)
