@@ -306,7 +306,10 @@ def consistent(text: str) -> bool | None:
     >>> consistent("3 + 4 = 7\\n#### 7"), consistent("3 + 4 = 7\\n#### 8"), consistent("#### 7")
     (True, False, None)
     """
-    found = computations(text)
+    return _consistent(text, computations(text))
+
+
+def _consistent(text: str, found: list[Computation]) -> bool | None:
     if not found:
         return None
     pred = extract_answer(text, "auto")
@@ -316,7 +319,10 @@ def consistent(text: str) -> bool | None:
 
 def calc_correct_frac(text: str) -> float | None:
     """The fraction of computations that are arithmetically right; None without a computation."""
-    found = computations(text)
+    return _right_fraction(computations(text))
+
+
+def _right_fraction(found: list[Computation]) -> float | None:
     return sum(calc_is_right(c) for c in found) / len(found) if found else None
 
 
@@ -340,9 +346,9 @@ def score_completion(text: str, gold: str, solution: str = "", use_math_verify: 
 
 def work(text: str) -> dict:
     """The written work's metrics, as the keys of an evaluation record (see the module docstring)."""
-    found = computations(text)
-    return {"calc_steps": len(found), "reasoning_quality": len(found) >= 2, "consistent": consistent(text),
-            "calc_correct_frac": sum(calc_is_right(c) for c in found) / len(found) if found else None}
+    found = computations(text)  # parsed once for the four keys
+    return {"calc_steps": len(found), "reasoning_quality": len(found) >= 2, "consistent": _consistent(text, found),
+            "calc_correct_frac": _right_fraction(found)}
 
 
 def with_work(records: list[dict]) -> list[dict]:
