@@ -5,7 +5,7 @@
 Reads each run's summary.json (written by `cpu-grpo train`): one markdown row per run and level with before,
 after, the paired change (bootstrap 95% CI, McNemar p), the wall time, seed and commit; then one row per level
 with the changes' mean, min and max and how many runs gained significantly. `--plot` draws every run's sampled
-accuracy, completion length and truncated fraction per step (metrics.jsonl) in one figure.
+accuracy, completion length and truncated fraction per step (metrics.jsonl) in one figure, stage boundaries dashed.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from cpu_grpo.evaltables import pct_cell
+from cpu_grpo.plots import stage_boundaries
 from cpu_grpo.tracking import read_jsonl
 
 
@@ -58,6 +59,8 @@ def plot(runs: list[Path], out: Path) -> None:
         for ax, (key, _) in zip(axes, keys, strict=True):
             ax.plot([m["step"] for m in metrics], [m.get(key, float("nan")) for m in metrics], label=run.name)
     for ax, (_, title) in zip(axes, keys, strict=True):
+        for x in stage_boundaries(read_jsonl(runs[0] / "metrics.jsonl")):  # the runs of one recipe share its stages
+            ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
