@@ -58,8 +58,9 @@ def plot(runs: list[Path], out: Path) -> None:
         metrics = read_jsonl(run / "metrics.jsonl")
         for ax, (key, _) in zip(axes, keys, strict=True):
             ax.plot([m["step"] for m in metrics], [m.get(key, float("nan")) for m in metrics], label=run.name)
+    bounds = stage_boundaries(read_jsonl(runs[0] / "metrics.jsonl"))  # the runs of one recipe share its stages
     for ax, (_, title) in zip(axes, keys, strict=True):
-        for x in stage_boundaries(read_jsonl(runs[0] / "metrics.jsonl")):  # the runs of one recipe share its stages
+        for x in bounds:
             ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)
         ax.set_title(title)
         ax.set_xlabel("step")
