@@ -135,6 +135,9 @@ def test_a_stage_on_joined_levels_is_held_out_as_each_level_at_the_largest_limit
                                         {"name": "late", "task": "intermediate+advanced", "steps": 2,
                                          "max_new_tokens": 320}], "eval_task": "mix"})
     assert eval_limits(cfg) == {"basic": 256, "intermediate": 320, "advanced": 320, "mix": 256}
+    cfg = build(None, None, {"stages": ["intermediate:2", {"name": "late", "task": "advanced+gsm8k", "steps": 2,
+                                                           "max_new_tokens": 320}]})
+    assert eval_limits(cfg) == {"intermediate": 256, "advanced": 320, "gsm8k": 320}
 
 
 def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_problems():

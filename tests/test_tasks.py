@@ -134,6 +134,21 @@ def test_levels_joined_by_plus_interleave_equal_shares():
             load_task(bad, n=4)
 
 
+def test_a_level_joined_with_gsm8k_draws_both_in_equal_shares_and_is_held_out_as_each():
+    from cpu_grpo.tasks import held_out_tasks
+
+    both = load_task("advanced+gsm8k", n=5, seed=3)
+    assert [e.difficulty for e in both] == ["advanced", "gsm8k", "advanced", "gsm8k", "advanced"]
+    assert both[::2] == load_task("advanced", n=3, seed=3) and both[1::2] == load_task("gsm8k", n=2)
+    assert [e.id for e in both[1::2]] == ["train.jsonl:1", "train.jsonl:2"]  # training problems in a run
+    assert [e.id for e in load_task("advanced+gsm8k", n=2, split="test")][1:] == ["test.jsonl:1"]
+    assert held_out_tasks("intermediate+advanced+gsm8k") == ["intermediate", "advanced", "gsm8k"]
+    assert held_out_tasks("mix") == ["mix"] and held_out_tasks("gsm8k") == ["gsm8k"]
+    for bad in ("gsm8k+gsm8k", "gsm8k+mix", "gsm8k+"):
+        with pytest.raises(TaskError, match=f"unknown task '{re.escape(bad)}'"):
+            load_task(bad, n=4)
+
+
 def test_load_task_levels():
     assert len(load_task("advanced", n=7, split="test")) == 7
     assert len(load_task("basic")) == 500
@@ -143,8 +158,8 @@ def test_load_task_levels():
 @pytest.mark.parametrize("call", [lambda: generate("expert", 3), lambda: load_task("expert")])
 def test_unknown_level_says_what_to_use(call):
     with pytest.raises(TaskError, match="unknown task 'expert': use one of basic, intermediate, advanced, "
-                                        "mix, levels joined by '\\+' \\(basic\\+intermediate\\), gsm8k, "
-                                        "gsm8k-train, a .jsonl path, or hf:NAME"):
+                                        "mix, gsm8k, gsm8k-train, those joined by '\\+' "
+                                        "\\(basic\\+intermediate, advanced\\+gsm8k\\), a .jsonl path, or hf:NAME"):
         call()
 
 

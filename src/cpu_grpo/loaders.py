@@ -13,7 +13,7 @@ import warnings
 from fractions import Fraction
 from pathlib import Path
 
-from .tasks import UNKNOWN, Example, TaskError, canonical_number, generate, levels_of, split_of
+from .tasks import UNKNOWN, Example, TaskError, canonical_number, generate, interleave, levels_of, parts_of, split_of
 
 
 def _example(row: object, id_: str) -> Example:
@@ -101,7 +101,7 @@ DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.
 
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
               on_error: str = "raise") -> list[Example]:
-    """Problems named by `spec`: a level, "mix", levels joined by "+", "gsm8k", "gsm8k-train", a .jsonl path or
+    """Problems named by `spec`: a level, "mix", "gsm8k", "gsm8k-train", those joined by "+", a .jsonl path or
     "hf:NAME[:split]".
 
     Levels give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained on
@@ -109,10 +109,15 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     for split None (`cpu-grpo eval --task gsm8k-train`: training problems). A file of your own is split like the
     generated levels, by a hash of each question, so a held-out problem is never trained on; split None
     takes the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in file order.
-    "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test").
+    "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test"). Joined tasks give `n` (500 when
+    None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
     """
     if levels_of(spec):
         return generate(spec, 500 if n is None else n, seed, split or "test")
+    if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
+        n = 500 if n is None else n
+        return interleave([load_task(p, n // len(parts) + (i < n % len(parts)), seed, split, on_error)
+                           for i, p in enumerate(parts)])
     if spec in DATASETS:
         return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)
     if spec.startswith("hf:"):

@@ -24,8 +24,9 @@ from .errors import UserError
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
-UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, levels joined by '+' "
-           "(basic+intermediate), gsm8k, gsm8k-train, a .jsonl path, or hf:NAME.")
+SHIPPED = ("gsm8k", "gsm8k-train")  # the datasets inside the package (loaders.DATASETS)
+UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, gsm8k, gsm8k-train, those joined by "
+           "'+' (basic+intermediate, advanced+gsm8k), a .jsonl path, or hf:NAME.")
 
 
 def levels_of(spec: str) -> list[str]:
@@ -34,10 +35,18 @@ def levels_of(spec: str) -> list[str]:
     return parts if all(p in LEVELS for p in parts) and len(set(parts)) == len(parts) else []
 
 
+def parts_of(spec: str) -> list[str]:
+    """The tasks a spec joins with '+' in equal shares (levels and the shipped GSM8K: "intermediate+advanced+gsm8k"),
+    else [spec]."""
+    parts = spec.split("+")
+    joined = len(parts) > 1 and all(p in LEVELS or p in SHIPPED for p in parts) and len(set(parts)) == len(parts)
+    return parts if joined else [spec]
+
+
 def held_out_tasks(spec: str) -> list[str]:
-    """The held-out sets a stage's task is evaluated on: its levels if it joins them ("basic+intermediate"), else
-    itself ("mix" is one set, a third of each level)."""
-    return levels_of(spec) if "+" in spec and levels_of(spec) else [spec]
+    """The held-out sets a stage's task is evaluated on: each task it joins ("basic+intermediate"), else itself
+    ("mix" is one set, a third of each level)."""
+    return parts_of(spec)
 
 
 class TaskError(UserError):
@@ -294,6 +303,11 @@ def template_name(template: Template) -> str:
     return " ".join(words[:ends[min(4, len(ends) - 1)] + 1]).rstrip(".,") + " ..."
 
 
+def interleave(shares: list[list[Example]]) -> list[Example]:
+    """The first of each share, then the second of each, ...: [a1, b1, a2, b2, b3] from [a1, a2], [b1, b2, b3]."""
+    return [ex for group in itertools.zip_longest(*shares) for ex in group if ex is not None]
+
+
 def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Example]:
     """n distinct problems of one level, or of several in equal shares, interleaved ("mix": basic, intermediate,
     advanced, basic, ...; "basic+intermediate"), from one split; the same arguments give the same list."""
@@ -302,8 +316,8 @@ def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Ex
     if split not in SPLITS:
         raise TaskError(f"unknown split '{split}': use train or test.")
     if len(levels := levels_of(level)) > 1:
-        parts = [generate(lv, n // len(levels) + (i < n % len(levels)), seed, split) for i, lv in enumerate(levels)]
-        return [ex for group in itertools.zip_longest(*parts) for ex in group if ex is not None]
+        return interleave([generate(lv, n // len(levels) + (i < n % len(levels)), seed, split)
+                           for i, lv in enumerate(levels)])
     if level not in LEVELS:
         raise TaskError(UNKNOWN.format(level))
     rng = random.Random(seed ^ zlib.crc32(f"{level}/{split}".encode()))
