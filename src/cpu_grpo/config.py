@@ -37,8 +37,8 @@ class TrainConfig:
                                     "directory, .gguf file or hub id")
     trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
     # -- data
-    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | levels joined by + "
-                            "(basic+intermediate) | gsm8k | path.jsonl | hf:NAME")
+    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | gsm8k | those joined by + "
+                            "(basic+intermediate, advanced+gsm8k) | path.jsonl | hf:NAME")
     eval_task: str = _f("", "extra held-out sets, comma-separated (same forms as task); the test split of every "
                            "stage's task is always evaluated")
     eval_size: int = _f(250, "held-out problems per evaluated set, before training and after each stage (0: none)")
