@@ -231,8 +231,8 @@ def _training_commands(sub) -> None:
     p.set_defaults(func=cmd_train, default_profile="demo")
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
-    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | gsm8k | gsm8k-train | those joined by + "
-                   "(basic+intermediate, advanced+gsm8k) | path.jsonl (the whole file) | hf:NAME")
+    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | gsm8k | gsm8k-train | "
+                   "those joined by + (basic+intermediate, advanced+gsm8k) | path.jsonl (the whole file) | hf:NAME")
     p.add_argument("--n", type=int, default=None, help="number of problems (default: 250 of a generated level; "
                    "all of a file, of GSM8K's 1,319 test problems or of a hub dataset, as lm-eval does)")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
