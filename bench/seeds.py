@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 from cpu_grpo.evaltables import pct_cell
-from cpu_grpo.plots import stage_boundaries
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.plots import stage_boundaries, step_records
 
 
 def rows(runs: list[Path]) -> tuple[list[str], dict[str, list[dict]]]:
@@ -55,10 +54,10 @@ def plot(runs: list[Path], out: Path) -> None:
             ("truncated_frac", "cut at the length limit")]
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6))
     for run in runs:
-        metrics = read_jsonl(run / "metrics.jsonl")
+        metrics = step_records(run)
         for ax, (key, _) in zip(axes, keys, strict=True):
             ax.plot([m["step"] for m in metrics], [m.get(key, float("nan")) for m in metrics], label=run.name)
-    bounds = stage_boundaries(read_jsonl(runs[0] / "metrics.jsonl"))  # the runs of one recipe share its stages
+    bounds = stage_boundaries(step_records(runs[0]))  # the runs of one recipe share its stages
     for ax, (_, title) in zip(axes, keys, strict=True):
         for x in bounds:
             ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)

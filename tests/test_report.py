@@ -82,6 +82,14 @@ def test_write_plots(tmp_path):
     assert write_plots(tmp_path / "nothing-here") == []
 
 
+def test_step_records_keep_a_resumed_runs_later_record_of_a_repeated_step(tmp_path):
+    from cpu_grpo.plots import step_records
+
+    logged = [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}, {"step": 2, "reward": 0.3}, {"event": "x"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in logged))
+    assert step_records(tmp_path) == [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.3}]
+
+
 def test_report_embeds_plots_or_says_why_not(tmp_path, monkeypatch):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in METRICS))
     (tmp_path / "forgetting.json").write_text(json.dumps(FORGETTING))

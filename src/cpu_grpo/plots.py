@@ -74,10 +74,16 @@ def _pyplot():
     return plt
 
 
+def step_records(run: Path) -> list[dict]:
+    """The run's metrics.jsonl, one record a step in step order: a resumed run may log a step twice, the later one
+    counts."""
+    by_step = {m["step"]: m for m in read_jsonl(Path(run) / "metrics.jsonl") if isinstance(m.get("step"), int)}
+    return [by_step[s] for s in sorted(by_step)]
+
+
 def write_plots(run: Path) -> list[Path]:
     """Draw the run's curves under `<run>/plots/`; returns the PNG paths (none without metrics.jsonl)."""
-    by_step = {m["step"]: m for m in read_jsonl(Path(run) / "metrics.jsonl") if isinstance(m.get("step"), int)}
-    metrics = [by_step[s] for s in sorted(by_step)]  # a resumed run may log a step twice: the later one counts
+    metrics = step_records(run)
     if not metrics:
         return []
     plt = _pyplot()
