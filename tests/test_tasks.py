@@ -144,7 +144,7 @@ def test_a_level_joined_with_gsm8k_draws_both_in_equal_shares_and_is_held_out_as
     assert [e.id for e in load_task("advanced+gsm8k", n=2, split="test")][1:] == ["test.jsonl:1"]
     assert held_out_tasks("intermediate+advanced+gsm8k") == ["intermediate", "advanced", "gsm8k"]
     assert held_out_tasks("mix") == ["mix"] and held_out_tasks("gsm8k") == ["gsm8k"]
-    for bad in ("gsm8k+gsm8k", "gsm8k+mix", "gsm8k+"):
+    for bad in ("gsm8k+gsm8k", "gsm8k+gsm8k-train", "gsm8k+mix", "gsm8k+"):
         with pytest.raises(TaskError, match=f"unknown task '{re.escape(bad)}'"):
             load_task(bad, n=4)
 

@@ -36,10 +36,11 @@ def levels_of(spec: str) -> list[str]:
 
 
 def parts_of(spec: str) -> list[str]:
-    """The tasks a spec joins with '+' in equal shares (levels and the shipped GSM8K: "intermediate+advanced+gsm8k"),
-    else [spec]."""
+    """The tasks a spec joins with '+' in equal shares (levels, and the shipped GSM8K once:
+    "intermediate+advanced+gsm8k"), else [spec]."""
     parts = spec.split("+")
-    joined = len(parts) > 1 and all(p in LEVELS or p in SHIPPED for p in parts) and len(set(parts)) == len(parts)
+    joined = (len(parts) > 1 and all(p in LEVELS or p in SHIPPED for p in parts) and len(set(parts)) == len(parts)
+              and sum(p in SHIPPED for p in parts) <= 1)  # gsm8k and gsm8k-train are the same problems
     return parts if joined else [spec]
 
 
