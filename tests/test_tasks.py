@@ -135,15 +135,15 @@ def test_levels_joined_by_plus_interleave_equal_shares():
 
 
 def test_a_level_joined_with_gsm8k_draws_both_in_equal_shares_and_is_held_out_as_each():
-    from cpu_grpo.tasks import held_out_tasks
+    from cpu_grpo.tasks import parts_of
 
     both = load_task("advanced+gsm8k", n=5, seed=3)
     assert [e.difficulty for e in both] == ["advanced", "gsm8k", "advanced", "gsm8k", "advanced"]
     assert both[::2] == load_task("advanced", n=3, seed=3) and both[1::2] == load_task("gsm8k", n=2)
     assert [e.id for e in both[1::2]] == ["train.jsonl:1", "train.jsonl:2"]  # training problems in a run
     assert [e.id for e in load_task("advanced+gsm8k", n=2, split="test")][1:] == ["test.jsonl:1"]
-    assert held_out_tasks("intermediate+advanced+gsm8k") == ["intermediate", "advanced", "gsm8k"]
-    assert held_out_tasks("mix") == ["mix"] and held_out_tasks("gsm8k") == ["gsm8k"]
+    assert parts_of("intermediate+advanced+gsm8k") == ["intermediate", "advanced", "gsm8k"]
+    assert parts_of("mix") == ["mix"] and parts_of("gsm8k") == ["gsm8k"]
     for bad in ("gsm8k+gsm8k", "gsm8k+gsm8k-train", "gsm8k+mix", "gsm8k+"):
         with pytest.raises(TaskError, match=f"unknown task '{re.escape(bad)}'"):
             load_task(bad, n=4)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .profiles import PROFILES
-from .tasks import held_out_tasks
+from .tasks import parts_of
 
 
 class ConfigError(UserError):
@@ -280,7 +280,7 @@ def eval_limits(cfg: TrainConfig) -> dict[str, int]:
     entries): the largest max_new_tokens of the stages that set one and train on it, else eval_max_new_tokens."""
     own: dict[str, int] = {}
     for s in plan(cfg):
-        own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in held_out_tasks(s.task)})
+        own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in parts_of(s.task)})
     tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}
 

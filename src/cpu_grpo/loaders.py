@@ -13,7 +13,17 @@ import warnings
 from fractions import Fraction
 from pathlib import Path
 
-from .tasks import UNKNOWN, Example, TaskError, canonical_number, generate, interleave, levels_of, parts_of, split_of
+from .tasks import (
+    UNKNOWN,
+    Example,
+    TaskError,
+    canonical_number,
+    generate,
+    in_equal_shares,
+    levels_of,
+    parts_of,
+    split_of,
+)
 
 
 def _example(row: object, id_: str) -> Example:
@@ -115,9 +125,8 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     if levels_of(spec):
         return generate(spec, 500 if n is None else n, seed, split or "test")
     if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
-        n = 500 if n is None else n
-        return interleave([load_task(p, n // len(parts) + (i < n % len(parts)), seed, split, on_error)
-                           for i, p in enumerate(parts)])
+        return in_equal_shares(parts, 500 if n is None else n,
+                               lambda part, k: load_task(part, k, seed, split, on_error))
     if spec in DATASETS:
         return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)
     if spec.startswith("hf:"):

@@ -29,25 +29,20 @@ UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, gs
            "'+' (basic+intermediate, advanced+gsm8k), a .jsonl path, or hf:NAME.")
 
 
-def levels_of(spec: str) -> list[str]:
-    """The levels a generated task draws from ("mix": all three; "basic+intermediate": those two), else []."""
-    parts = list(LEVELS) if spec == "mix" else spec.split("+")
-    return parts if all(p in LEVELS for p in parts) and len(set(parts)) == len(parts) else []
-
-
 def parts_of(spec: str) -> list[str]:
     """The tasks a spec joins with '+' in equal shares (levels, and the shipped GSM8K once:
-    "intermediate+advanced+gsm8k"), else [spec]."""
+    "intermediate+advanced+gsm8k"), else [spec]. A stage's task is held out as each of its parts ("mix" is one
+    set, a third of each level)."""
     parts = spec.split("+")
     joined = (len(parts) > 1 and all(p in LEVELS or p in SHIPPED for p in parts) and len(set(parts)) == len(parts)
               and sum(p in SHIPPED for p in parts) <= 1)  # gsm8k and gsm8k-train are the same problems
     return parts if joined else [spec]
 
 
-def held_out_tasks(spec: str) -> list[str]:
-    """The held-out sets a stage's task is evaluated on: each task it joins ("basic+intermediate"), else itself
-    ("mix" is one set, a third of each level)."""
-    return parts_of(spec)
+def levels_of(spec: str) -> list[str]:
+    """The levels a generated task draws from ("mix": all three; "basic+intermediate": those two), else []."""
+    parts = list(LEVELS) if spec == "mix" else parts_of(spec)
+    return parts if all(p in LEVELS for p in parts) else []
 
 
 class TaskError(UserError):
@@ -304,8 +299,10 @@ def template_name(template: Template) -> str:
     return " ".join(words[:ends[min(4, len(ends) - 1)] + 1]).rstrip(".,") + " ..."
 
 
-def interleave(shares: list[list[Example]]) -> list[Example]:
-    """The first of each share, then the second of each, ...: [a1, b1, a2, b2, b3] from [a1, a2], [b1, b2, b3]."""
+def in_equal_shares(parts: list[str], n: int, load) -> list[Example]:
+    """n problems, `load(part, k)` giving each part's share, interleaved: the first of each share, then the second
+    of each, ... (the earlier parts take the remainder: 5 of two parts are a1, b1, a2, b2, a3)."""
+    shares = [load(part, n // len(parts) + (i < n % len(parts))) for i, part in enumerate(parts)]
     return [ex for group in itertools.zip_longest(*shares) for ex in group if ex is not None]
 
 
@@ -317,8 +314,7 @@ def generate(level: str, n: int, seed: int = 0, split: str = "train") -> list[Ex
     if split not in SPLITS:
         raise TaskError(f"unknown split '{split}': use train or test.")
     if len(levels := levels_of(level)) > 1:
-        return interleave([generate(lv, n // len(levels) + (i < n % len(levels)), seed, split)
-                           for i, lv in enumerate(levels)])
+        return in_equal_shares(levels, n, lambda level, k: generate(level, k, seed, split))
     if level not in LEVELS:
         raise TaskError(UNKNOWN.format(level))
     rng = random.Random(seed ^ zlib.crc32(f"{level}/{split}".encode()))

@@ -118,9 +118,9 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     torch.manual_seed(cfg.seed)
     for spec in cfg.rewards:  # a bad reward (each stage loads its own)
         rewards.load_reward(spec, cfg.max_new_tokens)
-    for st in stages:  # bad training data
-        if not tasks.levels_of(st.task):
-            curriculum.load(cfg, st.task, cfg.train_size, cfg.seed, "train")
+    for part in dict.fromkeys(p for st in stages for p in tasks.parts_of(st.task)):
+        if not tasks.levels_of(part):  # bad training data (a generated level cannot be)
+            curriculum.load(cfg, part, cfg.train_size, cfg.seed, "train")
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)
