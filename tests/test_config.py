@@ -140,6 +140,16 @@ def test_a_stage_on_joined_levels_is_held_out_as_each_level_at_the_largest_limit
     assert eval_limits(cfg) == {"intermediate": 256, "advanced": 320, "gsm8k": 320}
 
 
+def test_a_stage_with_held_out_false_adds_no_held_out_set_of_its_own():
+    cfg = build(None, None, {"stages": ["basic:2", {"name": "g", "task": "gsm8k", "steps": 2, "held_out": "false",
+                                                     "max_new_tokens": 320}]})
+    assert [s.held_out for s in plan(cfg)] == [True, False]
+    assert eval_limits(cfg) == {"basic": 256}  # gsm8k's limit (320) is not taken either
+    cfg = build(None, None, {"stages": [{"name": "g", "task": "gsm8k", "steps": 2, "held_out": False}],
+                             "eval_task": "gsm8k"})
+    assert eval_limits(cfg) == {"gsm8k": 256}  # asked for by eval_task, it is held out at the run's limit
+
+
 def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_problems():
     from cpu_grpo import curriculum
 
@@ -196,7 +206,8 @@ def test_stages_from_yaml_mappings(tmp_path):
     ([{"name": "a", "prompts_per_step": -1}], 30, "prompts_per_step >= 0"),
     ([{"name": "a", "lr_scheduler": "step"}], 30, "lr_scheduler constant, linear or cosine"),
     ([{"name": "a", "dynamic_sampling_keep": "easiest"}], 30, "dynamic_sampling_keep first or hardest"),
-    ([{"name": "a", "prioritized_sampling": "maybe"}], 30, "prioritized_sampling true or false"),
+    ([{"name": "a", "prioritized_sampling": "maybe"}], 30, "prioritized_sampling and held_out true or false"),
+    ([{"name": "a", "held_out": "maybe"}], 30, "prioritized_sampling and held_out true or false"),
     ('[{"name": "a", "steps": 3}]', 30, "put stage mappings in a --config YAML file"),  # JSON typed on the CLI
 ])
 def test_impossible_stages_say_what_to_do(stages, steps, fragment):

@@ -193,6 +193,7 @@ class Stage:
     prioritized_sampling: bool | None = None  # None: the run's
     dynamic_sampling_keep: str = ""  # "": the run's
     prompts_per_step: int = 0  # 0: the run's
+    held_out: bool = True  # its task's test split is a held-out set (false: measure it apart, e.g. with cpu-grpo eval)
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
@@ -217,11 +218,11 @@ def parse_stage(spec) -> dict:
         out |= {key: kind(spec[key]) for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float),
                 ("max_new_tokens", int), ("lr_scheduler", str), ("dynamic_sampling_keep", str),
                 ("prompts_per_step", int)) if spec.get(key) is not None}
-        if spec.get("prioritized_sampling") is not None:
-            out["prioritized_sampling"] = coerce(_FIELDS["prioritized_sampling"], spec["prioritized_sampling"])
+        out |= {key: coerce(_FIELDS["prioritized_sampling"], spec[key])  # a bool field's parsing
+                for key in ("prioritized_sampling", "held_out") if spec.get(key) is not None}
     except (TypeError, ValueError, ConfigError):
         raise ConfigError(f"stage '{spec['name']}': steps, max_new_tokens, prompts_per_step integers, promote_at and "
-                          "learning_rate numbers, prioritized_sampling true or false.") from None
+                          "learning_rate numbers, prioritized_sampling and held_out true or false.") from None
     if min(out.get(k, 0) for k in ("steps", "learning_rate", "max_new_tokens", "prompts_per_step")) < 0 \
             or not 0 <= out.get("promote_at", 0) <= 1 or out.get("lr_scheduler", "constant") not in SCHEDULES \
             or out.get("dynamic_sampling_keep", "first") not in ("first", "hardest"):
@@ -276,10 +277,11 @@ def plan(cfg: TrainConfig) -> list[Stage]:
 
 
 def eval_limits(cfg: TrainConfig) -> dict[str, int]:
-    """Each held-out set's completion limit (each stage's task, or its levels where it joins them; then eval_task's
-    entries): the largest max_new_tokens of the stages that set one and train on it, else eval_max_new_tokens."""
+    """Each held-out set's completion limit (each held-out stage's task, or its levels where it joins them; then
+    eval_task's entries): the largest max_new_tokens of the stages that set one and train on it, else
+    eval_max_new_tokens."""
     own: dict[str, int] = {}
-    for s in plan(cfg):
+    for s in (s for s in plan(cfg) if s.held_out):
         own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in parts_of(s.task)})
     tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}

@@ -83,7 +83,8 @@ def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
     """Validation accuracy when a promotion check is due (else None)."""
     if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
         return None
-    limit = max(eval_limits(r.cfg)[t] for t in tasks.parts_of(stage.task))  # as its held-out sets are evaluated
+    limits, own = eval_limits(r.cfg), stage.max_new_tokens or r.cfg.eval_max_new_tokens
+    limit = max(limits.get(t, own) for t in tasks.parts_of(stage.task))  # as its held-out sets are evaluated
     records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, limit)], None, log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 
