@@ -54,7 +54,8 @@ class TrainConfig:
     stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
                                "mappings with name, task, steps, promote_at and the stage's own learning_rate, "
                                "lr_scheduler, max_new_tokens, prioritized_sampling, dynamic_sampling_keep, "
-                               "prompts_per_step. Empty: one stage on task")
+                               "prompts_per_step, and held_out (false: its task adds no held-out set). Empty: one "
+                               "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
     prioritized_sampling: bool = _f(False, "draw a stage's problem types in proportion to max(1 - p, 0.2), p: how "
