@@ -273,12 +273,15 @@ def test_a_stage_on_joined_levels_replays_the_first_and_is_held_out_as_each(tiny
 
 def test_a_stage_with_held_out_false_trains_but_is_not_evaluated(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
-    cfg = stage_cfg(tiny_model, out, reward_file, steps=2, ewc_lambda=0.0,
-                    stages=["basic:1", {"name": "late", "task": "intermediate", "steps": 1, "held_out": False}])
+    cfg = stage_cfg(tiny_model, out, reward_file, steps=2, ewc_lambda=0.0, promote_every=1, promote_size=2,
+                    stages=["basic:1", {"name": "late", "task": "intermediate", "steps": 1, "held_out": False,
+                                        "promote_at": 1.0}])
     train(cfg, log=lambda *a: None)
     assert {g["difficulty"] for g in read_jsonl(out / "groups.jsonl") if g["stage"] == "late"} == {"intermediate"}
     assert {x["difficulty"] for x in read_jsonl(out / "eval_after.jsonl")} == {"basic"}
     assert json.loads((out / "forgetting.json").read_text())["levels"] == ["basic"]
+    # its promotion check still runs, at the stage's own limit (it has no held-out set's to take)
+    assert read_jsonl(out / "stages.jsonl")[1]["validation_accuracy"] is not None
 
 
 def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(tiny_model, tmp_path, reward_file,
