@@ -120,9 +120,11 @@ def test_preview_command_and_config_check():
     assert runs.preview(cmd) == ("cpu-grpo train --profile quick --output-dir runs/x --model smollm2-135m --steps 6 "
                                  "--learning-rate 0.001 --use-lora true --rewards 'my rewards.py:length_reward' "
                                  "--resume")
-    assert runs.check_config("quick", "", {"steps": "6", "num_generations": "4"}) is None
-    assert "cannot read 'many' as int" in runs.check_config("quick", "", {"steps": "many"})
-    assert "num_generations must be >= 2" in runs.check_config("", "", {"num_generations": 1})
+    cfg, error = runs.resolve_config("quick", "", {"steps": "6", "num_generations": "4"})
+    assert error is None and (cfg.steps, cfg.num_generations, cfg.eval_size) == (6, 4, 40)
+    assert "cannot read 'many' as int" in runs.resolve_config("quick", "", {"steps": "many"})[1]
+    assert "num_generations must be >= 2" in runs.resolve_config("", "", {"num_generations": 1})[1]
+    assert runs.resolve_config("", "", {})[0].use_lora  # no profile: `cpu-grpo train`'s, the default profile
     assert runs.parse_extra("--train-size 50 --top-k '20'") == {"train_size": "50", "top_k": "20"}
     assert runs.parse_extra("--rewards correctness,format") == {"rewards": "correctness,format"}
     for text, words in [("--output-dir /anywhere", "cannot be set from the page"),
@@ -224,3 +226,49 @@ def test_the_page_touches_no_file_outside_its_directories_and_runs_no_code_unles
     allowed = Policy(root, (data,), allow_code=True)
     assert allowed.train_problem("smollm2-135m", "", {"task": "data/x.jsonl", "rewards": "my.py:f"}) is None
     assert "start the app with --data-dir" in policy.task_problem("task", "data/x.jsonl")
+
+
+def test_the_policy_holds_for_what_a_config_file_or_a_resumed_run_brings(tmp_path, monkeypatch):
+    """The page resolves the configuration the run would get (profile, file, fields, a resumed run's saved config)
+    and applies the policy to it: a config file under the runs directory is read, not trusted."""
+    from cpu_grpo.app import handlers
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    (root / "x").mkdir(parents=True)
+    policy, names = Policy(root), ["steps"]
+
+    def command(config_text: str, resume: bool = False, run_name: str = "new"):
+        (root / "my.yaml").write_text(config_text)
+        return handlers._command(policy, names, ["", "quick", "runs/my.yaml", run_name, resume, False, "", ""])
+
+    run, cmd, _, error, cfg = command("steps: 3\n")
+    assert error is None and cfg.steps == 3 and Path(cfg.output_dir) == root / "new"
+    assert cmd[cmd.index("--config") + 1] == "runs/my.yaml"
+    (tmp_path / "evil.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    for text, words in [
+        ("rewards: [correctness, evil.py:f]\nreward_weights: [1, 1]\n", "run their code"),
+        ("trust_remote_code: true\n", "never runs a model's own code"),
+        ("task: /etc/shadow\n", "task: /etc/shadow is outside"),
+        ("eval_task: basic,/etc/passwd\n", "eval_task: /etc/passwd is outside"),
+        ("stages: [{name: a, task: /etc/hosts, steps: 2}]\n", "stage a: /etc/hosts is outside"),
+        ("task: hf:/etc\n", "does not name a hub dataset"),
+        ("task: hf:../secret\n", "does not name a hub dataset"),
+        ("model: /etc\n", "model: /etc is outside"),
+    ]:
+        error = command(text)[3]
+        assert error and words in error and "config file runs/my.yaml" in error, (text, error)
+    # a run written by `cpu-grpo train` keeps its train_config.yaml: resuming it from the page reads that file
+    (root / "x" / "train_config.yaml").write_text("task: basic\nrewards: [evil.py:f]\nreward_weights: [1]\n")
+    error = command("steps: 3\n", resume=True, run_name="x")[3]
+    assert "the run's saved train_config.yaml" in error and "run their code" in error
+    # a run directory that is a link out of the runs directory is neither trained nor evaluated into
+    (tmp_path / "elsewhere").mkdir()
+    (root / "out").symlink_to(tmp_path / "elsewhere")
+    assert "right under" in command("steps: 3\n", run_name="out")[3]
+    assert "right under" in next(handlers.evaluate(policy, "out", "smollm2-135m", "basic", 5, 16))[0]
+    # hub ids stay allowed, as typed and from a file; local directories named like one do not
+    assert command("task: hf:openai/gsm8k\n")[3] is None
+    (tmp_path / "openai" / "gsm8k").mkdir(parents=True)
+    assert "does not name a hub dataset" in command("task: hf:openai/gsm8k\n")[3]
+    assert policy.task_problem("task", "advanced+gsm8k") is None  # joined tasks: each part checked

@@ -25,29 +25,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
-    """Profile < --config file < --field value; with --resume, the run's saved config < --config < --field value.
-    Returns the config and, when resuming, a line that says which saved config it continues and what changed."""
+    """The run's config as config.resolve makes it from the profile, --config, the fields and --resume."""
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    saved = _saved_config(overrides) if args.resume else None
-    if saved is None:
-        return config_mod.build(args.profile or args.default_profile, args.config, overrides), ""
-    mine, old = {**(config_mod.load_file(args.config) if args.config else {}), **overrides}, config_mod.load_file(saved)
-    for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
-        if key in mine and config_mod.build(None, None, {key: mine[key]}).to_dict()[key] != old.get(key):
-            raise config_mod.ConfigError(f"the run in {saved.parent} trained with {key} {old.get(key)!r}: resume it "
-                                         f"without --{key.replace('_', '-')}, or start a new run for {mine[key]!r}")
-    cfg = config_mod.build(None, None, {**old, **mine})
-    changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
-    return cfg, f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else "")
-
-
-def _saved_config(overrides: dict):
-    """The train_config.yaml of the run that --output-dir or --run-name names, if it has one."""
-    from pathlib import Path
-
-    run = Path(overrides["output_dir"]) if overrides.get("output_dir") else \
-        Path("runs") / overrides["run_name"] if overrides.get("run_name") else None
-    return run / "train_config.yaml" if run is not None and (run / "train_config.yaml").is_file() else None
+    return config_mod.resolve(args.profile or args.default_profile, args.config, overrides, args.resume)
 
 
 def cmd_train(args) -> int:

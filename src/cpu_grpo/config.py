@@ -326,6 +326,30 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     return TrainConfig(**coerced)
 
 
+def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool = False) -> tuple[TrainConfig, str]:
+    """The config a run gets: profile < file < overrides; with `resume`, the run's saved config < file < overrides.
+    Returns the config and, when resuming, a line that says which saved config it continues and what changed.
+    `cpu-grpo train` and the web page (which checks what a run would get before starting it) both call this."""
+    saved = saved_config(overrides) if resume else None
+    if saved is None:
+        return build(profile, file, overrides), ""
+    mine, old = {**(load_file(file) if file else {}), **overrides}, load_file(saved)
+    for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
+        if key in mine and build(None, None, {key: mine[key]}).to_dict()[key] != old.get(key):
+            raise ConfigError(f"the run in {saved.parent} trained with {key} {old.get(key)!r}: resume it "
+                              f"without --{key.replace('_', '-')}, or start a new run for {mine[key]!r}")
+    cfg = build(None, None, {**old, **mine})
+    changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
+    return cfg, f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else "")
+
+
+def saved_config(overrides: dict) -> Path | None:
+    """The train_config.yaml of the run that output_dir or run_name names, if it has one."""
+    run = Path(overrides["output_dir"]) if overrides.get("output_dir") else \
+        Path("runs") / overrides["run_name"] if overrides.get("run_name") else None
+    return run / "train_config.yaml" if run is not None and (run / "train_config.yaml").is_file() else None
+
+
 def coerce(f: dataclasses.Field, value):
     """Turn a CLI string or YAML value into the field's type, with a clear error."""
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))

@@ -120,36 +120,39 @@ def on_run_change(root: Path, name: str | None):
 
 
 def _command(policy: Policy, knob_names: list[str], values: list):
-    """(run dir, command, resume, error, config fields) from the Train tab's fields; paths and code as the policy
-    allows."""
+    """(run dir, command, resume, error, the config the run would get) from the Train tab's fields; the policy is
+    applied to the fields as typed and then to the resolved config (a config file, or a resumed run's saved one,
+    cannot bring in what the fields may not)."""
     model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
-    profile = profile or ""
+    profile, config_file, resume = profile or "", (config_file or "").strip(), bool(resume)
     name = (run_name or "").strip() or f"{profile or 'default'}-{time.strftime('%Y%m%d-%H%M%S')}"
     if "/" in name or name.startswith("."):
-        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.').", {}
+        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.').", None
+    run = Path(policy.root) / name
     overrides = dict(zip(knob_names, knobs, strict=True))
     if use_lora:
         overrides["use_lora"] = True
     try:
         overrides.update(runs.parse_extra(extra))
     except ValueError as e:
-        return None, None, resume, str(e), {}
-    error = policy.train_problem(model or "", (config_file or "").strip(), overrides) or \
-        runs.check_config(profile, (config_file or "").strip(), {**overrides, "model": model})
-    run = Path(policy.root) / name
-    cmd = runs.build_command(run, model or "", profile, (config_file or "").strip(), overrides, bool(resume))
-    return run, cmd, bool(resume), error, {**overrides, **({"model": model} if model else {})}
+        return None, None, resume, str(e), None
+    cmd = runs.build_command(run, model or "", profile, config_file, overrides, resume)
+    if error := policy.run_problem(run) or policy.train_problem(model or "", config_file, overrides):
+        return run, cmd, resume, error, None
+    fields = {**overrides, **({"model": model} if model else {}), "output_dir": str(run)}
+    cfg, error = runs.resolve_config(profile, config_file, fields, resume)
+    source = " with ".join(filter(None, [f"config file {config_file}" if config_file else "",
+                                         "the run's saved train_config.yaml" if resume else ""])) or "the fields"
+    return run, cmd, resume, error or policy.config_problem(cfg, run, source), cfg
 
 
 def preview(policy: Policy, knob_names: list[str], *values):
     """The command Start runs, and the planner's forecast of its time and memory on this machine."""
-    run, cmd, _, error, fields = _command(policy, knob_names, list(values))
+    run, cmd, _, error, cfg = _command(policy, knob_names, list(values))
     text = runs.preview(cmd) if cmd else ""
     if error:
         return text, f"⚠️ {error}"
-    profile, config_file = values[1] or "", (values[2] or "").strip()
-    forecast = runs.plan_text(profile, config_file, fields)
-    return text, f"This is the command that Start runs.\n\n```\n{forecast}\n```"
+    return text, f"This is the command that Start runs.\n\n```\n{runs.plan_text(cfg)}\n```"
 
 
 def start(policy: Policy, knob_names: list[str], *values):
@@ -201,7 +204,7 @@ def evaluate(policy: Policy, name: str | None, model: str, task: str, n, max_new
     if run is None or not model:
         yield "Choose a run and a model or checkpoint to evaluate.", ""
         return
-    refusal = policy.model_problem(model) or policy.task_problem("task", task or "")
+    refusal = policy.run_problem(run) or policy.model_problem(model) or policy.task_problem("task", task or "")
     if refusal:
         yield f"Not evaluated: {refusal}", ""
         return

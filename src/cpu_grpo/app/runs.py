@@ -256,28 +256,25 @@ def parse_extra(text: str) -> dict:
     return out
 
 
-def check_config(profile: str, config_file: str, overrides: dict) -> str | None:
-    """None if the config builds, else the one-sentence reason (the same check `cpu-grpo train` makes)."""
-    from ..config import ConfigError, build
+def resolve_config(profile: str, config_file: str, overrides: dict, resume: bool = False):
+    """(the config the run would get, None) as `cpu-grpo train` resolves it (its default profile, a resumed run's
+    saved config), or (None, the one-sentence reason it does not build)."""
+    from ..config import ConfigError, resolve
 
     values = {k: flag_text(v) for k, v in overrides.items() if flag_text(v)}
     try:
-        build(profile or None, config_file or None, values)
+        return resolve(profile or "default", config_file or None, values, resume)[0], None
     except ConfigError as e:
-        return str(e)
-    return None
+        return None, str(e)
 
 
-def plan_text(profile: str, config_file: str, overrides: dict) -> str:
+def plan_text(cfg) -> str:
     """The planner's forecast of the run (what `cpu-grpo plan` prints), or why there is none."""
-    from ..config import build
     from ..planner import Machine, Shapes, predict, render
 
-    values = {k: flag_text(v) for k, v in overrides.items() if flag_text(v)}
     try:
-        cfg = build(profile or None, config_file or None, values)
         shapes = Shapes.of_model(cfg.model)
-    except Exception as e:  # a forecast is a convenience: the check above already said what is wrong
+    except Exception as e:  # a forecast is a convenience: the config check already said what is wrong
         return f"(no forecast: {type(e).__name__}: {str(e)[:160]})"
     machine = Machine.measure(0.4)
     return render(cfg, predict(cfg, shapes, machine), machine, cfg.model)
