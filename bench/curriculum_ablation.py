@@ -32,9 +32,10 @@ from pathlib import Path
 
 import yaml
 
-from cpu_grpo import config, stats
-from cpu_grpo.report import forgetting_table
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo import config
+from cpu_grpo.eval import stats
+from cpu_grpo.eval.forgetting import forgetting_table
+from cpu_grpo.rundir import read_jsonl
 
 CURRICULUM = ["--stages", "basic:10,intermediate:10,advanced:10", "--steps", "30", "--ewc-lambda", "1"]
 RUNS = {  # name -> arguments on top of --profile default

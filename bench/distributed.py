@@ -58,7 +58,7 @@ def params(alias: str, lora: bool) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from cpu_grpo.models import resolve_model
+    from cpu_grpo.engine.models import resolve_model
 
     c = AutoConfig.from_pretrained(resolve_model(alias, log=lambda *a: None))
     if not lora:

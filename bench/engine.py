@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from cpu_grpo import tasks
-from cpu_grpo.allocator import keep_freed_memory
-from cpu_grpo.batching import group_logprobs
 from cpu_grpo.config import TrainConfig
-from cpu_grpo.doctor import matmul_gflops
-from cpu_grpo.models import load_model, set_threads
-from cpu_grpo.planner import Machine, Shapes
-from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
+from cpu_grpo.data import tasks
+from cpu_grpo.engine.batching import group_logprobs
+from cpu_grpo.engine.models import load_model, set_threads
+from cpu_grpo.engine.rollout import Sampler, Sampling, encode_prompts, stop_ids
+from cpu_grpo.machine.allocator import keep_freed_memory
+from cpu_grpo.machine.doctor import matmul_gflops
+from cpu_grpo.machine.planner import Machine, Shapes
 
 
 def decode_linear_bound(model, rows: int, reps: int = 5) -> float:

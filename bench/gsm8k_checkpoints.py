@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cpu_grpo import stats
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.eval import stats
+from cpu_grpo.rundir import read_jsonl
 
 
 def cell(records: list[dict], field: str) -> str:

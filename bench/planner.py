@@ -64,10 +64,10 @@ def fields(config: tuple, steps: int, out: str) -> dict:
 
 
 def child(config: tuple, steps: int) -> dict:
-    from cpu_grpo import runstate
     from cpu_grpo.config import build
-    from cpu_grpo.tracking import read_jsonl
-    from cpu_grpo.train import train
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train import runstate
+    from cpu_grpo.train.loop import train
 
     runstate.stop_ids = lambda tok, model: ()  # no stop token: every completion has max_new_tokens
     with tempfile.TemporaryDirectory(prefix="planner_") as tmp:
@@ -93,7 +93,7 @@ def main() -> None:
     import os
 
     from cpu_grpo.config import build
-    from cpu_grpo.planner import Machine, Shapes, predict
+    from cpu_grpo.machine.planner import Machine, Shapes, predict
 
     print(f"load average at the start: {os.getloadavg()[0]:.2f} (run it alone)")
     first = Machine.measure(2.0)

@@ -30,10 +30,10 @@ def varied_reward(completions, **kwargs) -> list[float]:
 
 
 def child(args) -> dict:
-    from cpu_grpo import runstate
     from cpu_grpo.config import TrainConfig
-    from cpu_grpo.tracking import read_jsonl
-    from cpu_grpo.train import train
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train import runstate
+    from cpu_grpo.train.loop import train
 
     runstate.stop_ids = lambda tok, model: []  # no stop token: every completion has max_new_tokens
     with tempfile.TemporaryDirectory(prefix="seed_scale_") as tmp:
@@ -59,7 +59,7 @@ def main() -> None:
             result = child(args)
         print(json.dumps(result))
         return
-    from cpu_grpo.models import resolve_model
+    from cpu_grpo.engine.models import resolve_model
 
     model = resolve_model(args.model, log=lambda *a: print(*a, file=sys.stderr))  # convert once, before the children
     print("| setup | s/step (median) | rollout s | update s | completion tokens | completion tok/s | peak RSS MB |")

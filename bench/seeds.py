@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from cpu_grpo.evaltables import pct_cell
-from cpu_grpo.plots import stage_boundaries, step_records
+from cpu_grpo.eval.plots import stage_boundaries, step_records
+from cpu_grpo.eval.tables import pct_cell
 
 
 def rows(runs: list[Path]) -> tuple[list[str], dict[str, list[dict]]]:

@@ -65,7 +65,7 @@ def problems_in_our_order(train_size: int):
     """The training problems in the order train.py visits them: a randperm seeded with the run's seed (0)."""
     import torch
 
-    from cpu_grpo import tasks
+    from cpu_grpo.data import tasks
 
     problems = tasks.generate("basic", train_size, seed=0)
     order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(0)).tolist()
@@ -106,9 +106,9 @@ def run_trl(args) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from cpu_grpo import rewards
     from cpu_grpo.config import TrainConfig
-    from cpu_grpo.models import set_threads
+    from cpu_grpo.data import rewards
+    from cpu_grpo.engine.models import set_threads
 
     threads = set_threads(args.threads or None)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -206,8 +206,8 @@ def run_ours(args) -> dict:
     import torch
 
     from cpu_grpo.config import TrainConfig
-    from cpu_grpo.tracking import read_jsonl
-    from cpu_grpo.train import train
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train.loop import train
 
     with tempfile.TemporaryDirectory(prefix="vs_trl_ours_") as tmp:
         cfg = TrainConfig(model=args.model, task="basic", train_size=args.train_size, eval_size=0, steps=args.steps,
@@ -351,7 +351,7 @@ def main(argv=None) -> int:
         return 0
     import importlib.util
 
-    from cpu_grpo.models import ModelError, resolve_model
+    from cpu_grpo.engine.models import ModelError, resolve_model
 
     if importlib.util.find_spec("trl") is None:
         raise SystemExit(f"trl is not installed for {sys.executable}: run this with the bench venv, made as "

@@ -18,7 +18,7 @@ def build_tiny_model(path: Path, arch: str = "llama", vocab_size: int = 320, see
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from cpu_grpo.tasks import generate
+    from cpu_grpo.data.tasks import generate
 
     corpus = [ex.question + "\n" + ex.solution for lvl in ("basic", "intermediate") for ex in generate(lvl, 200)]
     tk = Tokenizer(models.BPE())

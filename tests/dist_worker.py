@@ -1,7 +1,7 @@
 """One rank of the data-parallel tests (tests/test_distributed.py), started by torchrun, or alone as one process.
 
     dist_worker.py grads MODEL OUT    the update's gradient on fixed completions, for each loss type
-    dist_worker.py train OUT JSON     cpu_grpo.train.train with these config fields; then this rank's weights' digest
+    dist_worker.py train OUT JSON     train.loop.train() with these config fields; then this rank's weights' digest
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-from cpu_grpo import config, distributed, runstate, step, tasks
-from cpu_grpo import train as train_mod
-from cpu_grpo.grpo import group_advantages
+from cpu_grpo import config
+from cpu_grpo.data import tasks
+from cpu_grpo.train import distributed, runstate, step
+from cpu_grpo.train import loop as train_mod
+from cpu_grpo.train.grpo import group_advantages
 
 
 def grads(model: str, out: Path) -> None:

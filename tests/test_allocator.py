@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from cpu_grpo import allocator
 from cpu_grpo.errors import UserError
+from cpu_grpo.machine import allocator
 
 pytestmark = pytest.mark.slow  # tiny training runs in fresh processes
 

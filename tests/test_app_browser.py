@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from cpu_grpo import checkpoint
 from cpu_grpo.app import runs
+from cpu_grpo.train import checkpoint
 
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from cpu_grpo.batching import activation_bytes, auto_micro_rows, group_logprobs
+from cpu_grpo.engine.batching import activation_bytes, auto_micro_rows, group_logprobs
 
 
 def kept_bytes(model, prompt_len: int, completion_len: int, rows: int) -> int:

@@ -81,8 +81,12 @@ def test_a_question_longer_than_the_context_is_one_sentence(tiny_model, tmp_path
 
 def test_every_user_error_is_one_class():
     """The command line and the page catch UserError by type: every error a user can fix derives from it."""
-    from cpu_grpo import compare, config, metrics, models, rewards, rollout, runstate, tasks
+    from cpu_grpo import config
+    from cpu_grpo.data import rewards, tasks
+    from cpu_grpo.engine import models, rollout
     from cpu_grpo.errors import RunDirError, UserError
+    from cpu_grpo.eval import compare, metrics
+    from cpu_grpo.train import runstate
 
     for cls in (config.ConfigError, tasks.TaskError, rewards.RewardError, models.ModelError, metrics.MetricError,
                 compare.RunError, runstate.TrainingError, rollout.PromptTooLong, RunDirError):

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from cpu_grpo import compare as compare_mod
 from cpu_grpo.cli import main
-from cpu_grpo.compare import RunError, compare_runs
-from cpu_grpo.evaltables import compare
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.eval import compare as compare_mod
+from cpu_grpo.eval.compare import RunError, compare_runs
+from cpu_grpo.eval.tables import compare
+from cpu_grpo.rundir import read_jsonl
 
 
 def jsonl(path, rows):

@@ -151,7 +151,7 @@ def test_a_stage_with_held_out_false_adds_no_held_out_set_of_its_own():
 
 
 def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_problems():
-    from cpu_grpo import curriculum
+    from cpu_grpo.train import curriculum
 
     cfg = build(profile="gsm8k")
     assert [(s.task, s.steps) for s in plan(cfg)] == [("gsm8k", 24)] and cfg.use_lora and "overlong" in cfg.rewards

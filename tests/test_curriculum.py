@@ -10,12 +10,13 @@ import torch
 from safetensors.torch import load_file
 from test_train import tiny_cfg
 
-from cpu_grpo import checkpoint, config, curriculum
-from cpu_grpo import step as step_mod
-from cpu_grpo import train as train_mod
+from cpu_grpo import config
 from cpu_grpo.errors import RunDirError
-from cpu_grpo.tracking import read_jsonl, stage_eval_path
-from cpu_grpo.train import train
+from cpu_grpo.rundir import read_jsonl, stage_eval_path
+from cpu_grpo.train import checkpoint, curriculum
+from cpu_grpo.train import loop as train_mod
+from cpu_grpo.train import step as step_mod
+from cpu_grpo.train.loop import train
 
 
 class Linear1(torch.nn.Module):
@@ -227,7 +228,7 @@ def test_a_finished_run_extended_by_a_stage_anchors_its_old_last_stage(tiny_mode
 def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file, monkeypatch):
     """Its rollouts stop at its limit, and its task's held-out set is evaluated at it, before and after; the other
     stages and sets keep the run's limits (12 in training, 8 in evaluation)."""
-    from cpu_grpo import evaluate
+    from cpu_grpo.eval import evaluate
 
     limits, run_eval = [], evaluate.run_eval
 
@@ -330,7 +331,7 @@ def test_validation_is_disjoint_from_the_held_out_set():
 
 
 def test_a_second_process_on_a_busy_run_dir_is_refused(tmp_path):
-    from cpu_grpo.tracking import RunLock
+    from cpu_grpo.rundir import RunLock
 
     (tmp_path / "run.lock").write_text(json.dumps({"pid": 1, "started": 0}))  # pid 1 is alive
     with pytest.raises(RunDirError, match="is being trained by process 1"):
@@ -354,7 +355,7 @@ def test_stop_during_the_base_evaluation_keeps_it(tiny_model, tmp_path, reward_f
     import os
     import signal
 
-    from cpu_grpo import evaluate
+    from cpu_grpo.eval import evaluate
 
     real = evaluate.run_eval
 
@@ -376,7 +377,7 @@ def test_stop_during_the_base_evaluation_keeps_it(tiny_model, tmp_path, reward_f
 def test_type_priority_draws_the_types_the_rollouts_get_wrong_more_often():
     from collections import Counter
 
-    from cpu_grpo.tasks import generate
+    from cpu_grpo.data.tasks import generate
 
     data = generate("intermediate", 400, seed=0, split="train")
     p = curriculum.TypePriority(data, list(range(len(data))), seed=3)
@@ -393,7 +394,7 @@ def test_type_priority_draws_the_types_the_rollouts_get_wrong_more_often():
 
 
 def test_type_priority_counts_samples_and_right_answers_by_type():
-    from cpu_grpo.tasks import generate
+    from cpu_grpo.data.tasks import generate
 
     data = generate("intermediate", 40, seed=0, split="train")
     a = data[0]

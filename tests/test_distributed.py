@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow  # each test starts torchrun and its ranks
 

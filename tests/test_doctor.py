@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cpu_grpo import doctor
 from cpu_grpo.cli import main
+from cpu_grpo.machine import doctor
 
 
 def test_doctor_reports_the_machine(capsys):

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from cpu_grpo import evaltables
-from cpu_grpo.evaltables import (
+from cpu_grpo.eval import tables as evaltables
+from cpu_grpo.eval.tables import (
     level_tables,
     mean_summary,
     metric_sentences,

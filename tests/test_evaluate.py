@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from cpu_grpo import evaluate
-from cpu_grpo.rollout import Sampling
-from cpu_grpo.tasks import Example
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.data.tasks import Example
+from cpu_grpo.engine.rollout import Sampling
+from cpu_grpo.eval import evaluate
+from cpu_grpo.rundir import read_jsonl
 
 EXAMPLES = [Example("Q1?", "18", "basic", "9 * 2 = <<9*2=18>>18\n#### 18", "b-1"),
             Example("Q2?", "7", "basic", "3 + 4 = <<3+4=7>>7\n#### 7", "b-2")]

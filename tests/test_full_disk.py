@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cpu_grpo.cli import main
-from cpu_grpo.tracking import read_jsonl
+from cpu_grpo.rundir import read_jsonl
 
 pytestmark = pytest.mark.slow
 

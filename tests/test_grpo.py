@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from cpu_grpo.grpo import LOSS_TYPES, group_advantages, grpo_loss, token_logprobs
+from cpu_grpo.engine.logprobs import token_logprobs
+from cpu_grpo.train.grpo import LOSS_TYPES, group_advantages, grpo_loss
 
 ATOL = 1e-6
 LN2 = math.log(2.0)

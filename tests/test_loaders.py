@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cpu_grpo import loaders, tasks
-from cpu_grpo.loaders import load_jsonl, load_task
-from cpu_grpo.tasks import TaskError
+from cpu_grpo.data import loaders, tasks
+from cpu_grpo.data.loaders import load_jsonl, load_task
+from cpu_grpo.data.tasks import TaskError
 
 GSM8K_DIR = loaders.GSM8K_DIR  # shipped inside the package
 GSM8K_TEST = GSM8K_DIR / "test.jsonl"

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 import pytest
 
-from cpu_grpo import metrics
-from cpu_grpo.metrics import (
+from cpu_grpo.eval import metrics
+from cpu_grpo.eval.metrics import (
     calc_correct_frac,
     calc_is_right,
     calc_steps,

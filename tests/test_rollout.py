@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cpu_grpo import llama
-from cpu_grpo.batching import group_logprobs
-from cpu_grpo.rollout import Sampler, Sampling, sample_token
+from cpu_grpo.engine import llama
+from cpu_grpo.engine.batching import group_logprobs
+from cpu_grpo.engine.rollout import Sampler, Sampling, sample_token
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
 
@@ -41,7 +41,7 @@ def test_greedy_matches_generate_token_for_token(model):
 
 def test_prefill_in_parts_writes_the_same_cache(model, monkeypatch):
     """A long batch's prompts are prefilled a few at a time into slices of one cache: the tokens are the same."""
-    from cpu_grpo import rollout
+    from cpu_grpo.engine import rollout
 
     monkeypatch.setattr(rollout, "PREFILL_TOKENS", 1)  # one prompt a call
     eos = model.config.eos_token_id
@@ -131,7 +131,7 @@ def test_tied_embeddings_reach_the_rollout_copy(tiny_model):
 
 def test_parts_of_a_group_add_up_to_the_whole_group(model):
     """Micro-batches smaller than a group (each part runs the prompt again) give the same log-probs and gradient."""
-    from cpu_grpo.batching import micro_batches
+    from cpu_grpo.engine.batching import micro_batches
 
     completions = [[1, 2, 3], [4, 5], [5, 6, 7, 8], [9], [12, 13], [14], [3, 3, 3, 3, 3], [7, 8]]  # 2 groups of 4
     weights = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))

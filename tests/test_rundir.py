@@ -6,12 +6,12 @@ import doctest
 import json
 import re
 
-from cpu_grpo import tracking
-from cpu_grpo.tracking import cut_jsonl, read_jsonl, stage_eval_path
+from cpu_grpo import rundir
+from cpu_grpo.rundir import cut_jsonl, read_jsonl, stage_eval_path
 
 
 def test_doctests():
-    assert doctest.testmod(tracking).failed == 0
+    assert doctest.testmod(rundir).failed == 0
 
 
 def test_stage_files_of_file_tasks_stay_in_the_run(tmp_path):
@@ -31,5 +31,5 @@ def test_cut_jsonl_drops_later_steps_and_a_half_line(tmp_path):
 def test_code_version_names_a_commit_or_the_version():
     from cpu_grpo import __version__
 
-    v = tracking.code_version()
+    v = rundir.code_version()
     assert v == __version__ or re.fullmatch(r"[0-9a-f]{12}(-dirty)?", v), v

@@ -6,8 +6,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from cpu_grpo import stats
-from cpu_grpo.stats import (
+from cpu_grpo.eval import stats
+from cpu_grpo.eval.stats import (
     accuracy_summary,
     majority_vote,
     mcnemar_exact,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cpu_grpo import tasks
-from cpu_grpo.loaders import load_task
-from cpu_grpo.tasks import LEVELS, Example, TaskError, canonical_number, generate
+from cpu_grpo.data import tasks
+from cpu_grpo.data.loaders import load_task
+from cpu_grpo.data.tasks import LEVELS, Example, TaskError, canonical_number, generate
 
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 STEPS = {"basic": (1, 1), "intermediate": (2, 3), "advanced": (4, 99)}  # annotations per solution
@@ -135,7 +135,7 @@ def test_levels_joined_by_plus_interleave_equal_shares():
 
 
 def test_a_level_joined_with_gsm8k_draws_both_in_equal_shares_and_is_held_out_as_each():
-    from cpu_grpo.tasks import parts_of
+    from cpu_grpo.data.tasks import parts_of
 
     both = load_task("advanced+gsm8k", n=5, seed=3)
     assert [e.difficulty for e in both] == ["advanced", "gsm8k", "advanced", "gsm8k", "advanced"]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_train import tiny_cfg
 
-from cpu_grpo import trackers
-from cpu_grpo.tracking import read_jsonl
-from cpu_grpo.train import train
+from cpu_grpo.rundir import read_jsonl
+from cpu_grpo.train import trackers
+from cpu_grpo.train.loop import train
 
 pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
 

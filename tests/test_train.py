@@ -17,15 +17,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cpu_grpo import checkpoint, config
+from cpu_grpo import config
 from cpu_grpo.cli import main
 from cpu_grpo.config import ConfigError
+from cpu_grpo.engine.models import ModelError
 from cpu_grpo.errors import RunDirError, UserError
-from cpu_grpo.models import ModelError
-from cpu_grpo.runstate import TrainingError
-from cpu_grpo.step import teaching
-from cpu_grpo.tracking import read_jsonl
-from cpu_grpo.train import train
+from cpu_grpo.rundir import read_jsonl
+from cpu_grpo.train import checkpoint
+from cpu_grpo.train.loop import train
+from cpu_grpo.train.runstate import TrainingError
+from cpu_grpo.train.step import teaching
 
 pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
 
@@ -149,7 +150,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     """An allocation failure in the update (injected for micro-batches over 4 sequences) is retried at half the
     size, which the rest of the run keeps: the run ends with the same weights as a run that used 4 from the
     start, and says what happened."""
-    import cpu_grpo.step as step_mod
+    import cpu_grpo.train.step as step_mod
 
     real = step_mod.group_logprobs
 
@@ -177,9 +178,9 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 
 
 def test_truncated_completions_earn_no_credit_unless_asked():
-    from cpu_grpo.rewards import RewardError, correctness_reward, format_reward, load_reward
-    from cpu_grpo.step import Rollout, score
-    from cpu_grpo.tasks import Example
+    from cpu_grpo.data.rewards import RewardError, correctness_reward, format_reward, load_reward
+    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.train.step import Rollout, score
 
     batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]
     spam = "Elif has 42 + 28 = 70 lollipops\n#### 70\n#### \n#### \n#### "  # cut at the limit: no end
@@ -216,7 +217,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     """A nan loss (injected from step 2 on) never reaches the weights: the update is skipped with a line in the log
     (the checkpoints of steps 2 and 3 hold step 1's weights), and after BAD_STEPS such steps in a row the run stops
     with one sentence."""
-    import cpu_grpo.step as step_mod
+    import cpu_grpo.train.step as step_mod
 
     real, calls = step_mod.grpo_loss, {"n": 0}
 
@@ -417,7 +418,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, rewar
     one sentence naming the disk and how to continue, and the status says failed."""
     import errno
 
-    from cpu_grpo import checkpoint as ckpt_mod
+    from cpu_grpo.train import checkpoint as ckpt_mod
 
     real = ckpt_mod.config_mod.save
 
@@ -448,8 +449,9 @@ def test_kill_9_inside_a_checkpoint_write_loses_nothing(tiny_model, tmp_path, re
     script = f"""
 import os, signal
 from pathlib import Path
-from cpu_grpo import checkpoint, config
-from cpu_grpo.train import train
+from cpu_grpo.train import checkpoint
+from cpu_grpo import config
+from cpu_grpo.train.loop import train
 real = checkpoint.config_mod.save
 def save(cfg, path):
     if Path(path).parent.name.startswith(".step-000002"):

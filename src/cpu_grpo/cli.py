@@ -31,11 +31,12 @@ def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
 
 
 def cmd_train(args) -> int:
-    from . import allocator, distributed
+    from .machine import allocator
+    from .train import distributed
 
     if getattr(args, "nproc", 1) > 1 and not distributed.launched():  # torchrun on this machine, our arguments
         return _torchrun(args.nproc, args.argv)
-    from .train import train
+    from .train.loop import train
 
     cfg, note = _config_from(args)
     if args.own_process:  # `cpu-grpo train` itself, not main() called by a program: it may restart with jemalloc
@@ -70,12 +71,12 @@ def cmd_eval(args) -> int:
     if args.samples < 0 or (args.samples > 0 and args.temperature <= 0):
         print("cpu-grpo: --samples must be >= 0, and sampling needs --temperature > 0.", file=sys.stderr)
         return 2
-    from .evaltables import level_tables, metric_summary, sampled_summary, sampled_table
-    from .evaluate import run_eval, run_sampled
-    from .loaders import load_task
-    from .models import load_model, set_threads
-    from .rollout import Sampler, Sampling, stop_ids
-    from .tasks import levels_of
+    from .data.loaders import load_task
+    from .data.tasks import levels_of
+    from .engine.models import load_model, set_threads
+    from .engine.rollout import Sampler, Sampling, stop_ids
+    from .eval.evaluate import run_eval, run_sampled
+    from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
 
     instruction = args.instruction if args.instruction is not None else _instruction_of(args.model)
     set_threads()
@@ -108,7 +109,7 @@ def _instruction_of(model: str) -> str:
 def cmd_compare(args) -> int:
     from pathlib import Path
 
-    from .compare import compare_runs
+    from .eval.compare import compare_runs
 
     text = compare_runs(args.run_a, args.run_b)
     if args.output:
@@ -120,7 +121,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .planner import Machine, Shapes, fit_budget, predict, render
+    from .machine.planner import Machine, Shapes, fit_budget, predict, render
 
     cfg, note = _config_from(args)
     if note:
@@ -161,7 +162,7 @@ def _gigabytes(text: str) -> float:
 def cmd_doctor(args) -> int:
     import json
 
-    from .doctor import facts, render
+    from .machine.doctor import facts, render
 
     f = facts(args.seconds)
     print(json.dumps(f, indent=2) if args.json else render(f))

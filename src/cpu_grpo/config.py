@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from .data.tasks import parts_of
 from .errors import UserError
 from .profiles import PROFILES
-from .tasks import parts_of
 
 
 class ConfigError(UserError):
@@ -327,11 +327,11 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
 
 
 def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool = False) -> tuple[TrainConfig, str]:
-    """The config a run gets: profile < file < overrides; with `resume`, the run's saved config < file < overrides.
-    Returns the config and, when resuming, a line that says which saved config it continues and what changed.
-    `cpu-grpo train` and the web page (which checks what a run would get before starting it) both call this."""
-    saved = saved_config(overrides) if resume else None
-    if saved is None:
+    """The config a run gets (`cpu-grpo train`'s, and the web page's check of it): profile < file < overrides; with
+    `resume`, the run's saved config < file < overrides, and a line that says which and what changed."""
+    run = overrides.get("output_dir") or overrides.get("run_name") and Path("runs") / overrides["run_name"]
+    saved = Path(run) / "train_config.yaml" if resume and run else None  # the run's own, when it has one
+    if saved is None or not saved.is_file():
         return build(profile, file, overrides), ""
     mine, old = {**(load_file(file) if file else {}), **overrides}, load_file(saved)
     for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
@@ -341,13 +341,6 @@ def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool
     cfg = build(None, None, {**old, **mine})
     changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
     return cfg, f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else "")
-
-
-def saved_config(overrides: dict) -> Path | None:
-    """The train_config.yaml of the run that output_dir or run_name names, if it has one."""
-    run = Path(overrides["output_dir"]) if overrides.get("output_dir") else \
-        Path("runs") / overrides["run_name"] if overrides.get("run_name") else None
-    return run / "train_config.yaml" if run is not None and (run / "train_config.yaml").is_file() else None
 
 
 def coerce(f: dataclasses.Field, value):

@@ -1,16 +1,11 @@
-"""Experiment tracking: the loop calls `tracker.log(record)` and never branches on the backend.
-
-JSONL (one record per line, flushed each step, so a web page can follow it) and a one-line console
-summary are always on. Optional backends (TensorBoard, trackio, wandb offline) plug in behind `log`.
-"""
+"""A run directory's files: paths, JSON lines (appended, read back, cut at a resumed step), status.json and the
+run lock, and the code version a run records. Everything that reads or writes a run directory goes through here."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import re
-import resource
 from pathlib import Path
 
 from .errors import RunDirError
@@ -49,18 +44,6 @@ def file_safe(name: str) -> str:
     ('..-data-good.jsonl', 'hf-openai-gsm8k-test')
     """
     return re.sub(r"[^\w.-]+", "-", name).strip("-") or "stage"
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def rss_mb() -> float:
-    """Resident memory of this process now, in MB: what it keeps between steps (the peak adds each phase's own)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -122,57 +105,6 @@ def cut_jsonl(path: Path, last_step: int) -> int:
         tmp.write_text("".join(json.dumps(r, default=_jsonable) + "\n" for r in kept))
         tmp.replace(path)
     return len(records) - len(kept)
-
-
-class Tracker:
-    """metrics.jsonl and a console line for every step, and the `report_to` backends (trackers.py), each dropped
-    with one warning the first time it fails."""
-
-    def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None, report_to: list[str] = (),
-                 config: dict | None = None):
-        self.path = Path(run_dir) / "metrics.jsonl"
-        self.print = print_fn
-        self.total = total_steps
-        self.backends = []
-        if report_to:
-            from .trackers import open_backends
-
-            self.backends = open_backends(list(report_to), Path(run_dir), Path(run_dir).name, config or {}, print_fn)
-
-    def log(self, record: dict) -> None:
-        append_jsonl(self.path, record)
-        self.print(self.line(record))
-        if self.backends:
-            from .trackers import trl_metrics
-
-            self._each("log", trl_metrics(record), record["step"])
-
-    def table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
-        self._each("table", key, columns, rows, step)
-
-    def finish(self, summary: dict) -> None:
-        self._each("finish", summary)
-        self.backends = []
-
-    def _each(self, method: str, *args) -> None:
-        for backend in list(self.backends):
-            try:
-                getattr(backend, method)(*args)
-            except Exception as e:  # a tracker never stops training
-                self.backends.remove(backend)
-                self.print(f"warning: {type(backend).__name__} failed ({type(e).__name__}: {str(e)[:120]}); "
-                           "training goes on without it")
-
-    def line(self, r: dict) -> str:
-        total = f"/{self.total}" if self.total else ""
-        kl = f" kl {r['kl']:.4f}" if not math.isnan(r.get("kl", math.nan)) else ""
-        batches = r.get("sample_batches", 1)  # dynamic sampling: groups sampled, groups trained
-        drawn = f" | {batches} batches, trained {round((1 - r['frac_skipped']) * r['groups'])}" if batches > 1 else ""
-        return (f"step {r['step']}{total} | reward {r['reward']:.3f} acc {r['accuracy']:.2f}"
-                f" zero-std {r['frac_zero_std']:.2f}{kl}{drawn} | len {r['completion_len']:.0f}"
-                f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
-                f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s"
-                f" | rss {r.get('rss_mb', math.nan):.0f} MB, peak {r['peak_rss_mb']:.0f} MB")
 
 
 # ---------------------------------------------------------------------------- run status and lock (for watchers)

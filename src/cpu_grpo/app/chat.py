@@ -9,27 +9,18 @@ _lock = threading.Lock()  # one generation at a time: the CPU is shared with tra
 KEEP = 2
 
 
-def _bf16_supported() -> bool:
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
-
-
 def _get(spec: str) -> tuple:
     import torch
 
-    from ..models import load_model
-    from ..rollout import Sampler, stop_ids
+    from ..engine.models import bf16_supported, load_model
+    from ..engine.rollout import Sampler, stop_ids
 
     if spec in _models:
         _models[spec] = _models.pop(spec)  # most recently used goes last
         return _models[spec]
     model, tok = load_model(spec, log=lambda *a: None)
     model.eval()
-    sampler = Sampler(model, dtype=torch.bfloat16 if _bf16_supported() else torch.float32)
+    sampler = Sampler(model, dtype=torch.bfloat16 if bf16_supported() else torch.float32)
     _models[spec] = (model, tok, sampler, stop_ids(tok, model))
     while len(_models) > KEEP:
         _models.pop(next(iter(_models)))
@@ -38,7 +29,7 @@ def _get(spec: str) -> tuple:
 
 def answer(spec: str, question: str, instruction: str = "", max_new_tokens: int = 256) -> str:
     """The model's greedy answer to one question, in the chat format training uses."""
-    from ..rollout import Sampling, encode_prompts
+    from ..engine.rollout import Sampling, encode_prompts
 
     spec, question = (spec or "").strip(), (question or "").strip()
     if not spec or not question:

@@ -38,8 +38,8 @@ class Policy:
     def task_problem(self, field: str, spec: str) -> str | None:
         """Why a task spec may not be used: each part of a joined task is a level, a shipped dataset, a hub
         dataset named by its id (never a local path: `datasets` reads those too), or a file the page may read."""
-        from ..loaders import DATASETS
-        from ..tasks import LEVELS, parts_of
+        from ..data.loaders import DATASETS
+        from ..data.tasks import LEVELS, parts_of
 
         for part in parts_of(spec.strip()):
             if not part or part in (*LEVELS, "mix", *DATASETS):
@@ -55,7 +55,7 @@ class Policy:
         return None
 
     def model_problem(self, spec: str, field: str = "model") -> str | None:
-        from ..models import ALIASES
+        from ..engine.models import ALIASES
 
         spec = spec.strip()
         path = Path(spec).expanduser()
@@ -65,7 +65,7 @@ class Policy:
         return self.outside(field, spec)
 
     def reward_problem(self, rewards: list[str], where: str = "rewards") -> str | None:
-        from ..rewards import BUILTIN_NAMES
+        from ..data.rewards import BUILTIN_NAMES
 
         if self.allow_code or set(rewards) <= set(BUILTIN_NAMES):
             return None
@@ -104,6 +104,7 @@ class Policy:
             return f"{source} writes the run to {cfg.output_dir}: the page keeps runs in its runs directory."
         tasks = [("task", cfg.task)] + [(f"stage {s.name}", s.task) for s in plan(cfg)]
         tasks += [("eval_task", t) for t in cfg.eval_task.split(",") if t.strip()]
-        checks = [self.reward_problem(cfg.rewards, f"{source}: rewards"), self.model_problem(cfg.model, f"{source}: model")]
+        checks = [self.reward_problem(cfg.rewards, f"{source}: rewards"),
+                  self.model_problem(cfg.model, f"{source}: model")]
         checks += [self.task_problem(f"{source}: {field}", spec) for field, spec in tasks]
         return next((c for c in checks if c), None)

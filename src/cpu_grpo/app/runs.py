@@ -18,8 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import checkpoint, tracking
-from ..tracking import read_json, read_jsonl
+from .. import rundir
+from ..rundir import read_json, read_jsonl
+from ..train import checkpoint
 
 MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
 LIVE_STATES = ("starting", "evaluating", "training")
@@ -32,11 +33,11 @@ _start_lock = threading.Lock()  # check-then-launch is one step, also for two ta
 
 
 def pid_alive(pid: int | None) -> bool:
-    """tracking.pid_alive, reaping the processes this app started (their exit would leave zombies)."""
+    """rundir.pid_alive, reaping the processes this app started (their exit would leave zombies)."""
     for child in _children.values():
         if child.pid == pid:
             return child.poll() is None
-    return tracking.pid_alive(pid)
+    return rundir.pid_alive(pid)
 
 
 def running_pid(run: Path) -> int | None:
@@ -46,7 +47,7 @@ def running_pid(run: Path) -> int | None:
     this app started there and whose lock is not written yet.
     """
     run = Path(run)
-    holder = tracking.lock_holder(run)
+    holder = rundir.lock_holder(run)
     if holder is not None:
         return holder
     status = read_json(run / "status.json") or {}
@@ -270,7 +271,7 @@ def resolve_config(profile: str, config_file: str, overrides: dict, resume: bool
 
 def plan_text(cfg) -> str:
     """The planner's forecast of the run (what `cpu-grpo plan` prints), or why there is none."""
-    from ..planner import Machine, Shapes, predict, render
+    from ..machine.planner import Machine, Shapes, predict, render
 
     try:
         shapes = Shapes.of_model(cfg.model)

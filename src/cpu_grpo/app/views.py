@@ -117,7 +117,7 @@ def groups_html(groups: list[dict], step: int | None) -> str:
 
 
 def _acc(cell: dict | None) -> str:
-    from ..evaltables import pct_cell
+    from ..eval.tables import pct_cell
 
     return pct_cell(cell)
 
@@ -136,7 +136,7 @@ def forgetting_markdown(data: dict | None) -> str:
 
 def summary_markdown(run: Path) -> str:
     """Before/after table (with intervals), forgetting matrix and headline numbers of a run."""
-    from ..evaltables import accuracy_table as table
+    from ..eval.tables import accuracy_table as table
 
     run = Path(run)
     summary = runs.read_json(run / "summary.json")
@@ -159,9 +159,9 @@ def summary_markdown(run: Path) -> str:
 
 
 def compare_markdown(run_a: Path, run_b: Path) -> str:
-    """cpu_grpo.compare's comparison when it exists; else a note (the page shows both summaries side by side)."""
+    """cpu_grpo.eval.compare's comparison when it exists; else a note (the page shows both summaries side by side)."""
     try:
-        from ..compare import compare_runs
+        from ..eval.compare import compare_runs
     except ImportError:
         return "_The two runs' summaries, side by side:_"
     try:

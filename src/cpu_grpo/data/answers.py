@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import RewardError
+from ..errors import RewardError
 
 # A number as models and GSM8K write it: optional sign and/or "$", thousands separators in groups
 # of three, decimals, an optional "/denominator". The minus is not taken when it follows a word

@@ -104,7 +104,7 @@ def load_hf(name: str = "openai/gsm8k", split: str = "test", config: str = "main
     return out
 
 
-GSM8K_DIR = Path(__file__).parent / "data" / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
+GSM8K_DIR = Path(__file__).parent / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
 DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.jsonl"},
             "gsm8k-train": {"train": "train.jsonl", "test": "test.jsonl", None: "train.jsonl"}}
 

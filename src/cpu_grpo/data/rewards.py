@@ -21,8 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..errors import RewardError
 from .answers import NUMBER, answers_match, completion_text, extract_answer
-from .errors import RewardError
 
 RewardFn = Callable[..., list[float]]
 
@@ -229,7 +229,7 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
 
     >>> load_reward("format") is format_reward
     True
-    >>> load_reward("cpu_grpo.rewards:correctness_reward") is correctness_reward
+    >>> load_reward("cpu_grpo.data.rewards:correctness_reward") is correctness_reward
     True
     """
     if spec == "overlong":

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .errors import UserError
+from ..errors import UserError
 
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")

@@ -7,7 +7,7 @@ import itertools
 import torch
 
 from . import llama
-from .grpo import token_logprobs
+from .logprobs import token_logprobs
 from .rollout import left_pad
 
 

@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class ModelError(UserError):
@@ -289,6 +289,16 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     tok.padding_side = "left"
     model.config.use_cache = False
     return model, tok
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU has oneDNN's bf16 kernels (AVX-512 BF16 or AMX): bf16 rollouts and autocast pay only there."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return False
 
 
 def set_threads(n: int | None = None, ranks_here: int = 1) -> int:

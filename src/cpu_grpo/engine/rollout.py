@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from ..errors import UserError
 from .llama import (
     PrefixCache,
     cached_forward,

@@ -13,9 +13,9 @@ import json
 import math
 from pathlib import Path
 
+from ..errors import UserError
+from ..rundir import read_jsonl
 from . import metrics, stats
-from .errors import UserError
-from .tracking import read_jsonl
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "train_config.yaml")
 
@@ -83,8 +83,8 @@ def _config_section(a: Path, b: Path) -> list[str]:
 
 
 def _runs_section(a: Path, b: Path) -> list[str]:
-    from .evaltables import accuracy_table as table
-    from .report import forgetting_table
+    from .forgetting import forgetting_table
+    from .tables import accuracy_table as table
 
     out = ["## Before and after training, each run", ""]
     for tag, run in (("A", a), ("B", b)):
@@ -105,8 +105,8 @@ def _runs_section(a: Path, b: Path) -> list[str]:
 
 
 def _paired_section(a: Path, b: Path) -> list[str]:
-    from .evaltables import accuracy_table as table
-    from .evaltables import compare
+    from .tables import accuracy_table as table
+    from .tables import compare
 
     ra, rb = read_jsonl(a / "eval_after.jsonl"), read_jsonl(b / "eval_after.jsonl")
     head = ["## Run B against run A after training (paired, same problems)", ""]
@@ -126,7 +126,7 @@ def _paired_section(a: Path, b: Path) -> list[str]:
 
 def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     """Markdown comparing two evaluations of the same problems (records matched by id): B against A."""
-    from .evaltables import metric_summary, metric_table, type_table
+    from .tables import metric_summary, metric_table, type_table
 
     a, b = read_jsonl(file_a), read_jsonl(file_b)
     if not a or not b or any("id" not in r or "correct" not in r for r in a + b):

@@ -12,7 +12,8 @@ import json
 import time
 from pathlib import Path
 
-from . import answers, metrics, stats, tasks
+from ..data import answers, tasks
+from . import metrics, stats
 
 # problems per greedy batch: with more rows each decode step's matmuls run closer to the machine's peak (the 0.5B
 # Qwen2 with LoRA on intermediate problems, 2026-11-24: 138 tokens/s in batches of 50, 176 in batches of 100,
@@ -31,7 +32,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     """One completion for every example (greedy: `sampling` with temperature 0), each appended to the question
     with `instruction`, in equal batches of at most `batch_size`; one record per problem, written as JSONL when
     out_path is given."""
-    from .rollout import encode_prompts
+    from ..engine.rollout import encode_prompts
 
     use_mv = metrics.math_verify_available()
     if not use_mv:
@@ -80,7 +81,7 @@ def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed
     """k completions per example drawn with `sampling` (a seeded torch.Generator); one `sampled_record` each."""
     import torch
 
-    from .rollout import encode_prompts
+    from ..engine.rollout import encode_prompts
 
     gen = torch.Generator().manual_seed(seed)
     per_call = max(1, batch_size // k)

@@ -41,8 +41,8 @@ import threading
 from fractions import Fraction
 from typing import NamedTuple
 
-from .answers import LATEX_FRAC, answers_match, extract_answer, parse_number
-from .errors import UserError
+from ..data.answers import LATEX_FRAC, answers_match, extract_answer, parse_number
+from ..errors import UserError
 
 
 class MetricError(UserError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .tracking import read_jsonl
+from ..rundir import read_jsonl
 
 # file stem -> (title, y label, keys to draw; a trailing "/" means every key with that prefix)
 PLOTS = {

@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import stats
-from .evaltables import (
+from ..rundir import code_version, read_jsonl
+from .forgetting import forgetting_table
+from .metrics import with_work
+from .tables import (
     accuracy_levels,
     accuracy_table,
     metric_sentences,
     metric_summary,
     metric_table,
-    pct_cell,
     type_table,
 )
-from .metrics import with_work
-from .tracking import code_version, file_safe, read_jsonl
 
 
 def _curve(metrics: list[dict], key: str, points: int = 8) -> str:
@@ -38,71 +37,6 @@ def _samples(run: Path, k: int = 3) -> str:
                    f"- before ({'right' if b['correct'] else 'wrong'}): {b['completion'].strip()[:600]!r}\n"
                    f"- after ({'right' if r['correct'] else 'wrong'}): {r['completion'].strip()[:600]!r}\n")
     return "\n".join(out) or "(no problem changed between before and after)"
-
-
-def _stage_records(run: Path, after: str) -> list[dict]:
-    """The per-problem records behind a forgetting-matrix row: eval_before.jsonl or evals/after-K-<stage>.jsonl."""
-    if after == "base":
-        return read_jsonl(run / "eval_before.jsonl")
-    files = sorted(run.glob(f"evals/after-*-{file_safe(after)}.jsonl"))
-    return read_jsonl(files[-1]) if files else []
-
-
-def _paired_forgetting(run: Path, level: str, first: str, last: str) -> str | None:
-    by_id = {r["id"]: r["correct"] for r in _stage_records(run, last) if r["difficulty"] == level}
-    pairs = [(r["correct"], by_id[r["id"]]) for r in _stage_records(run, first)
-             if r["difficulty"] == level and r["id"] in by_id]
-    if not pairs:
-        return None
-    cmp = stats.paired_comparison([b for b, _ in pairs], [a for _, a in pairs])
-    return stats.significance_sentence(cmp, f"{level}, from after `{first}` to after `{last}`")
-
-
-def forgetting_lines(data: dict, run: Path | None = None) -> list[str]:
-    """Per level whose own stage has a row (a row whose "after" is the level's name) and a later row: the
-    change from that row to the last one (negative: forgotten). Paired, with an interval and McNemar's
-    test, when `run` holds the per-problem records of both rows; else the plain difference."""
-    rows, out = data.get("rows", []), []
-    for level in data.get("levels", []):
-        own = next((i for i, r in enumerate(rows) if r["after"] == level), None)
-        if own is None or own == len(rows) - 1:
-            continue
-        first, last = rows[own]["cells"].get(level), rows[-1]["cells"].get(level)
-        paired = _paired_forgetting(run, level, rows[own]["after"], rows[-1]["after"]) if run else None
-        if paired:
-            out.append(f"- {paired}")
-        elif first and last:
-            change = 100 * (last["accuracy"] - first["accuracy"])
-            out.append(f"- {level}: {100 * first['accuracy']:.1f}% right after its own stage, "
-                       f"{100 * last['accuracy']:.1f}% after `{rows[-1]['after']}`: {change + 0.0:+.1f} points "
-                       "(unpaired: no per-problem records)")
-    return out
-
-
-def forgetting_table(data: dict, run: Path | None = None) -> str:
-    """Markdown: the forgetting matrix (rows: after which stage; columns: the level evaluated), each cell the
-    accuracy with its 95% Wilson interval, then per level the change from its own stage to the end.
-
-    `data` is forgetting.json: {"levels": [...], "rows": [{"after": "base" | stage, "cells": {level:
-    {"accuracy", "ci95", "n"}}}]}; `run`, the run directory, makes that change a paired test.
-
-    >>> print(forgetting_table({"levels": ["basic"], "rows": [
-    ...     {"after": "base", "cells": {"basic": {"accuracy": 0.2, "ci95": [0.1, 0.3], "n": 50}}},
-    ...     {"after": "basic", "cells": {"basic": {"accuracy": 0.5, "ci95": [0.4, 0.6], "n": 50}}}]}))
-    | after stage \\ evaluated level | basic |
-    |---|---|
-    | base | 20.0% (10.0-30.0, n=50) |
-    | basic | 50.0% (40.0-60.0, n=50) |
-    <BLANKLINE>
-    """
-    levels = data.get("levels", [])
-    head = "| after stage \\ evaluated level | " + " | ".join(levels) + " |\n|---|" + "---|" * len(levels) + "\n"
-    rows = [f"| {r['after']} | " + " | ".join(pct_cell(r["cells"].get(lv), n=True) for lv in levels) + " |"
-            for r in data.get("rows", [])]
-    lines = forgetting_lines(data, run)
-    tail = ("\nChange on each level from right after its own stage to the end of training (forgetting when "
-            "negative):\n\n" + "\n".join(lines) + "\n") if lines else ""
-    return head + "\n".join(rows) + "\n" + tail
 
 
 def _metrics_section(summary: dict) -> list[str]:
@@ -177,7 +111,7 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
 def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "", commit: str = "") -> dict:
     """summary.json and report.md for a run; prints the before/after table and the report's path. `commit`: the
     code the run started with (code_version() then; now, when not given)."""
-    from .config import plan
+    from ..config import plan
 
     before, after = (with_work(read_jsonl(run / name)) for name in ("eval_before.jsonl", "eval_after.jsonl"))
     metrics = metric_summary(before, after or None) if before else {}

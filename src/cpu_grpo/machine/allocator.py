@@ -12,10 +12,11 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import resource
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 INSTALL = "apt-get install libjemalloc2 (Debian, Ubuntu) or dnf install jemalloc (Fedora)"
 _RESTARTED = "CPU_GRPO_ALLOCATOR_RESTARTED"  # set on the restart, so that a preload that fails cannot loop
@@ -84,3 +85,15 @@ def keep_freed_memory() -> bool:
         return bool(libc.mallopt(m_mmap_threshold, 1 << 30) and libc.mallopt(m_trim_threshold, 1 << 30))
     except (OSError, AttributeError):
         return False
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now, in MB: what it keeps between steps (the peak adds each phase's own)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20

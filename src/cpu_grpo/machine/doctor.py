@@ -55,8 +55,7 @@ def facts(seconds: float = 2.0) -> dict:
     import psutil
     import torch
 
-    from .models import ALIASES, cache_dir, set_threads
-    from .runstate import bf16_supported
+    from ..engine.models import ALIASES, bf16_supported, cache_dir, set_threads
 
     name, flags = cpu()
     threads = set_threads()

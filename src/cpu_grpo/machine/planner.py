@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from .config import TrainConfig, eval_limits, plan
-from .evaluate import equal_batches
+from ..config import TrainConfig, eval_limits, plan
+from ..eval.evaluate import equal_batches
 
 # fractions of the measured peak that each phase reaches, and fixed costs (bench/planner.py's FIT set)
 EFFICIENCY = {
@@ -80,7 +80,7 @@ class Shapes:
         """The shapes of a model given as `--model` takes it, from its config.json (fetched like a run would)."""
         from transformers import AutoConfig
 
-        from .models import resolve_model
+        from ..engine.models import resolve_model
 
         return cls.of(AutoConfig.from_pretrained(resolve_model(spec, log=lambda *a: None)))
 
@@ -147,8 +147,8 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
 
 def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
     """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
-    from .batching import activation_bytes, micro_rows
-    from .rollout import PREFILL_TOKENS
+    from ..engine.batching import activation_bytes, micro_rows
+    from ..engine.rollout import PREFILL_TOKENS
 
     p, c = shapes.params, shapes.config
     if cfg.use_lora:

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import config as config_mod
-from .errors import UserError
+from .. import config as config_mod
+from ..errors import UserError
 
 if TYPE_CHECKING:
     import torch

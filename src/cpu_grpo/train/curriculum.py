@@ -16,15 +16,13 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import loaders, stats, tasks
-from .config import Stage, TrainConfig, eval_limits, plan
-from .tracking import read_jsonl, stage_eval_path
+from ..config import Stage, TrainConfig, eval_limits
+from ..data import loaders, tasks
 
 EWC_FILE = "ewc.safetensors"
 
@@ -198,24 +196,3 @@ class EWC:
                 (out.fisher if kind == "fisher" else out.anchor)[name] = f.get_tensor(key)
         out.const, out.stages = float(meta["const"]), json.loads(meta["stages"])
         return out
-
-
-# ---------------------------------------------------------------------------- the forgetting matrix
-def matrix_row(label: str, records: list[dict]) -> dict:
-    cells = {}
-    for r in records:
-        cells.setdefault(r["difficulty"], []).append(bool(r["correct"]))
-    return {"after": label, "cells": {lvl: stats.accuracy_summary(v) for lvl, v in cells.items()}}
-
-
-def write_forgetting(run: Path, cfg: TrainConfig) -> dict:
-    """forgetting.json: accuracy per evaluated level (columns) before training and after each stage (rows)."""
-    rows = [matrix_row("base", read_jsonl(Path(run) / "eval_before.jsonl"))]
-    for i, stage in enumerate(plan(cfg)):
-        records = read_jsonl(stage_eval_path(run, i, stage.name))
-        if records:
-            rows.append(matrix_row(stage.name, records))
-    levels = list(dict.fromkeys(lvl for row in rows for lvl in row["cells"]))
-    data = {"levels": levels, "rows": rows, "stages": [s.name for s in plan(cfg)], "written": time.time()}
-    (Path(run) / "forgetting.json").write_text(json.dumps(data, indent=2))
-    return data

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class RankError(UserError):

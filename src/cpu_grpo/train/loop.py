@@ -19,14 +19,18 @@ from pathlib import Path
 
 import torch
 
-from . import allocator, checkpoint, curriculum, distributed, planner, report, rewards, tasks, tracking
-from .config import TrainConfig, describe, plan, save
-from .models import set_threads
+from .. import rundir
+from ..config import TrainConfig, describe, plan, save
+from ..data import rewards, tasks
+from ..engine.models import set_threads
+from ..eval import report
+from ..machine import allocator, planner
+from ..rundir import RunLock, read_json, stage_eval_path, write_status
+from . import checkpoint, curriculum, distributed
 from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
 from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, promoted, stage_finished
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
-from .trackers import summary_metrics
-from .tracking import RunLock, Tracker, read_json, stage_eval_path, write_status
+from .trackers import Tracker, summary_metrics
 
 __all__ = ["train", "StopFlag"]
 
@@ -124,7 +128,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)
-    r.commit = tracking.code_version()  # now, not at the end: the checkout may change while a run trains
+    r.commit = rundir.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
         machine = planner.Machine.measure(0.4)
         log(planner.render(cfg, planner.predict(cfg, planner.Shapes.of(r.model.config), machine), machine, cfg.model))

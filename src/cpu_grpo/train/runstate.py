@@ -11,26 +11,19 @@ from pathlib import Path
 
 import torch
 
+from ..config import Stage, TrainConfig
+from ..engine.models import bf16_supported, load_model
+from ..engine.rollout import Sampler, Sampling, stop_ids
+from ..errors import RunDirError, UserError
+from ..rundir import cut_jsonl
 from . import checkpoint, curriculum
-from .config import Stage, TrainConfig
 from .distributed import SINGLE, World
-from .errors import RunDirError, UserError
-from .models import load_model
-from .rollout import Sampler, Sampling, stop_ids
-from .tracking import cut_jsonl
 
 RANK_SEED = 7919  # rank r samples with seed + RANK_SEED * r
 
 
 class TrainingError(UserError):
     """Training cannot go on (non-finite gradients or weights); the message says what to change."""
-
-
-def bf16_supported() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except Exception:
-        return False
 
 
 def run_dir_for(cfg: TrainConfig, profile: str = "default") -> Path:
@@ -114,7 +107,7 @@ class Run:
     bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
     all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
     micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
-    commit: str = ""  # the code this process started with (tracking.code_version), for summary.json
+    commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
 
     @property
     def limit(self) -> int:

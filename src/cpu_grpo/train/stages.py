@@ -10,13 +10,15 @@ from pathlib import Path
 
 import torch
 
-from . import curriculum, evaluate, tasks
-from .batching import group_logprobs
-from .config import Stage, eval_limits
-from .errors import UserError
-from .rollout import encode_prompts
+from ..config import Stage, eval_limits
+from ..data import tasks
+from ..engine.batching import group_logprobs
+from ..engine.rollout import encode_prompts
+from ..errors import UserError
+from ..eval import evaluate, forgetting
+from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
+from . import curriculum
 from .runstate import RANK_SEED, Run, lr_factor, save_checkpoint
-from .tracking import append_jsonl, read_jsonl, stage_eval_path, write_status
 
 FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
 
@@ -40,7 +42,7 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
     if path is not None and r.world.main:
         path.parent.mkdir(exist_ok=True)
         path.write_text("".join(json.dumps(x) + "\n" for x in records))
-        curriculum.write_forgetting(r.dir, r.cfg)
+        forgetting.write_forgetting(r.dir, r.cfg)
     return records
 
 

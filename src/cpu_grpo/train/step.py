@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checkpoint, rewards, tasks
-from .batching import auto_micro_rows, group_logprobs, micro_batches
-from .config import TrainConfig
+from ..config import TrainConfig
+from ..data import rewards, tasks
+from ..engine.batching import auto_micro_rows, group_logprobs, micro_batches
+from ..engine.rollout import encode_prompts
+from ..machine.allocator import peak_rss_mb, rss_mb
+from ..rundir import append_jsonl
+from . import checkpoint
 from .grpo import group_advantages, grpo_loss
-from .rollout import encode_prompts
 from .runstate import Run, TrainingError
-from .tracking import append_jsonl, peak_rss_mb, rss_mb
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop

@@ -1,6 +1,6 @@
 """Experiment trackers behind `report_to`: TensorBoard, trackio, Weights & Biases.
 
-Each backend is imported only when named. The loop never sees them: `tracking.Tracker` calls `log`, `table` and
+Each backend is imported only when named. The loop never sees them: `Tracker` (below) calls `log`, `table` and
 `finish` on every open backend, and a backend that fails (not installed, bad credentials, a full disk) is
 dropped after one warning; training goes on. Metric names follow TRL's GRPOTrainer where the meaning is the
 same (`TRL_NAMES`), so dashboards made for TRL runs read ours; the rest keep cpu-grpo's names.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+from ..rundir import append_jsonl
 
 PROJECT = "cpu-grpo"
 
@@ -140,3 +142,50 @@ def open_backends(names: list[str], run_dir: Path, name: str, config: dict, warn
             hint = "pip install 'cpu-grpo[track]'" if isinstance(e, ImportError) else "check its settings"
             warn(f"warning: report_to {backend} is off for this run ({type(e).__name__}: {str(e)[:120]}); {hint}")
     return out
+
+
+class Tracker:
+    """metrics.jsonl and a console line for every step, and the `report_to` backends (trackers.py), each dropped
+    with one warning the first time it fails."""
+
+    def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None, report_to: list[str] = (),
+                 config: dict | None = None):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.print = print_fn
+        self.total = total_steps
+        self.backends = []
+        if report_to:
+            self.backends = open_backends(list(report_to), Path(run_dir), Path(run_dir).name, config or {}, print_fn)
+
+    def log(self, record: dict) -> None:
+        append_jsonl(self.path, record)
+        self.print(self.line(record))
+        if self.backends:
+            self._each("log", trl_metrics(record), record["step"])
+
+    def table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
+        self._each("table", key, columns, rows, step)
+
+    def finish(self, summary: dict) -> None:
+        self._each("finish", summary)
+        self.backends = []
+
+    def _each(self, method: str, *args) -> None:
+        for backend in list(self.backends):
+            try:
+                getattr(backend, method)(*args)
+            except Exception as e:  # a tracker never stops training
+                self.backends.remove(backend)
+                self.print(f"warning: {type(backend).__name__} failed ({type(e).__name__}: {str(e)[:120]}); "
+                           "training goes on without it")
+
+    def line(self, r: dict) -> str:
+        total = f"/{self.total}" if self.total else ""
+        kl = f" kl {r['kl']:.4f}" if not math.isnan(r.get("kl", math.nan)) else ""
+        batches = r.get("sample_batches", 1)  # dynamic sampling: groups sampled, groups trained
+        drawn = f" | {batches} batches, trained {round((1 - r['frac_skipped']) * r['groups'])}" if batches > 1 else ""
+        return (f"step {r['step']}{total} | reward {r['reward']:.3f} acc {r['accuracy']:.2f}"
+                f" zero-std {r['frac_zero_std']:.2f}{kl}{drawn} | len {r['completion_len']:.0f}"
+                f" | {r['step_seconds']:.1f}s (rollout {r['time_rollout']:.1f} score {r['time_scoring']:.1f}"
+                f" update {r['time_update']:.1f}) {r['rollout_tok_s']:.0f} tok/s"
+                f" | rss {r.get('rss_mb', math.nan):.0f} MB, peak {r['peak_rss_mb']:.0f} MB")
