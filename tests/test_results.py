@@ -1,0 +1,92 @@
+"""README's results table, recomputed from the cards' per-problem files in results/ (no model, no network).
+
+For each profile, seed and level: the before and after accuracy on the same problems (paired by id) and the
+paired change; then the mean, min and max over seeds, rounded as README prints them.
+"""
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+from cpu_grpo.eval import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+R = ROOT / "results"
+DEFAULT = ["default-s28-seed0", "default-s27-seed1", "default-s33-seed2"]  # seeds 0, 1, 2
+
+
+def load(path: Path, renumber_from: int = 0) -> dict[str, bool]:
+    """id -> correct; the GSM8K files of lines 501-1319 are renamed test.jsonl:N as merge.py in their card does."""
+    with gzip.open(path, "rt") as f:
+        records = [json.loads(line) for line in f]
+    out = {}
+    for r in records:
+        key = r["id"]
+        if renumber_from:
+            key = f"test.jsonl:{renumber_from + int(key.rsplit(':', 1)[1])}"
+        out[key] = (r["difficulty"], r["correct"])
+    return out
+
+
+def gsm8k_1319(first_500: Path, rest: Path | None) -> dict:
+    """All 1,319 GSM8K test problems: the first 500 from one file and lines 501-1319 from another."""
+    return {**load(first_500), **(load(rest, renumber_from=500) if rest else {})}
+
+
+def pairs() -> dict[tuple[str, str], list[tuple[dict, dict]]]:
+    """(profile, level) -> one (before, after) pair of id -> (level, correct) maps per seed."""
+    demo = [(load(R / f"demo-s30/seed{s}/eval_before.jsonl.gz"), load(R / f"demo-s30/seed{s}/eval_after.jsonl.gz"))
+            for s in range(3)]
+    default = [(load(R / run / "eval_before.jsonl.gz"), load(R / run / "eval_after.jsonl.gz")) for run in DEFAULT]
+    full = R / "default-s29-gsm8k-full"
+    base = gsm8k_1319(R / "default-s27-gsm8k/base.jsonl.gz", full / "base.jsonl.gz")
+    gsm8k = [(base, gsm8k_1319(R / "default-s28-gsm8k/seed0.jsonl.gz", full / "seed0.jsonl.gz")),
+             (base, gsm8k_1319(R / "default-s27-gsm8k/seed1.jsonl.gz", full / "seed1.jsonl.gz")),
+             (base, load(R / "default-s33-seed2/gsm8k-1319.jsonl.gz"))]
+    out = {("demo", "basic"): demo, ("default", "gsm8k"): gsm8k}
+    for level in ("basic", "intermediate", "advanced"):
+        out[("default", level)] = default
+    return out
+
+
+def row(level: str, seeds: list[tuple[dict, dict]]) -> list[str]:
+    """The README cells for one row: n, before, after (means over seeds), change mean (min to max), significant."""
+    befores, afters, changes, significant, ns = [], [], [], 0, set()
+    for before, after in seeds:
+        ids = sorted(i for i in before if i in after and before[i][0] == level)
+        b = [before[i][1] for i in ids]
+        a = [after[i][1] for i in ids]
+        cmp = stats.paired_comparison(b, a)
+        ns.add(len(ids))
+        befores.append(100 * sum(b) / len(b))
+        afters.append(100 * sum(a) / len(a))
+        changes.append(100 * cmp["diff"])
+        significant += cmp["significant"]
+    assert len(ns) == 1, f"the seeds of {level} scored different numbers of problems: {ns}"
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return [f"{ns.pop():,}", f"{mean(befores):.1f}%", f"{mean(afters):.1f}%",
+            f"{mean(changes):+.1f} ({min(changes):+.1f} to {max(changes):+.1f})", f"{significant} of {len(seeds)}"]
+
+
+def readme_rows() -> dict[tuple[str, str], list[str]]:
+    """The results table as README.md prints it: (profile, level) -> [n, before, after, change, significant]."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("<!-- results table -->")[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        if len(cells) < 7 or not re.match(r"\d", cells[2]):
+            continue
+        profile = cells[0].split()[0]
+        level = "gsm8k" if cells[1].startswith("GSM8K") else cells[1]
+        rows[(profile, level)] = cells[2:7]
+    return rows
+
+
+def test_readme_results_table_recomputes_from_the_cards():
+    printed = readme_rows()
+    computed = {key: row(key[1], seeds) for key, seeds in pairs().items()}
+    assert set(printed) == set(computed)
+    for key, cells in computed.items():
+        assert printed[key] == cells, f"{key}: README prints {printed[key]}, the cards give {cells}"
