@@ -15,6 +15,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def is_eval(path: Path) -> bool:
 
 
 def keep(rel: Path, path: Path, plots: list[str]) -> bool:
-    if rel.name in DROPPED:
+    if rel.name in DROPPED or (rel.name.startswith("console") and rel.suffix == ".log"):
         return False
     if rel.parent.name == "plots":
         return rel.name in plots
@@ -107,11 +108,14 @@ def write_readme(card: Path, removed: list[tuple[str, str]], raw_at: str, raw_pr
     text = readme.read_text() if readme.exists() else (
         f"# {card.name}\n\nThe run's numbers: `report.md` and `summary.json`; what it was for: "
         "[results/LOG.md](../LOG.md).\n")
-    text = text.split("\n## Raw files\n")[0].rstrip() + "\n"
+    text, _, old = text.partition("\n## Raw files\n")
+    text = text.rstrip() + "\n"
+    listed = re.findall(r"^\| `([^`]+)` \| `([0-9a-f]{64})` \|$", old, flags=re.M)  # a card made again keeps its list
+    removed = listed + [(f"{raw_prefix}/{p}", h) for p, h in removed if f"{raw_prefix}/{p}" not in dict(listed)]
     if removed:
         where = f"{raw_at}: path and sha256 below" + (f" (`git show {raw_at.split()[-1]}:PATH`)"
                                                       if raw_at.startswith("commit") else "")
-        rows = "".join(f"| `{raw_prefix}/{p}` | `{h}` |\n" for p, h in removed)
+        rows = "".join(f"| `{p}` | `{h}` |\n" for p, h in removed)
         text += (f"\n## Raw files\n\nRaw files (completions, groups, console log, all plots) at {where}.\n"
                  "Each evaluation file here is `NAME.jsonl.gz`, one compact line a problem; `samples.jsonl` holds 20 "
                  "completions.\n\n"
