@@ -1,0 +1,47 @@
+"""Step 1 of a run on GSM8K and a generated level, pinned: its rewards, advantages and completions are those of the
+reference taken before tasks became general (TRL keeps whole trajectories the same way: tests/invariant/references).
+The real demo model, a fixed seed; regenerate the reference only for a change that is meant to alter training."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from cpu_grpo import config
+from cpu_grpo.engine.models import ModelError, resolve_model
+
+REFERENCE = Path(__file__).parent / "references" / "gsm8k_basic_step1.json"
+
+
+def step_one(run_dir: Path) -> dict:
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train.loop import train
+
+    cfg = config.build("demo", None, dict(task="basic+gsm8k", output_dir=str(run_dir), steps=1, prompts_per_step=4,
+                                          num_generations=4, max_new_tokens=48, eval_size=0, seed=3))
+    run = train(cfg, log=lambda *a: None)
+    groups = [g for g in read_jsonl(run / "groups.jsonl") if g["step"] == 1]
+    return {"questions": [g["question"] for g in groups], "answers": [g["answer"] for g in groups],
+            "rewards": [g["rewards"] for g in groups], "advantages": [g["advantages"] for g in groups],
+            "completions_sha256": hashlib.sha256(json.dumps([g["completions"] for g in groups]).encode()).hexdigest()}
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_step_one_of_gsm8k_and_a_level_is_as_before(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPU_GRPO_CACHE", str(Path.home() / ".cache" / "cpu-grpo"))
+    try:
+        resolve_model("smollm2-135m", log=lambda *a: None)
+    except ModelError as e:
+        pytest.skip(f"default model not available: {e}")
+    got = step_one(tmp_path / "run")
+    assert got == json.loads(REFERENCE.read_text())
+
+
+if __name__ == "__main__":  # python tests/test_task_pin.py OUT_DIR: write the reference
+    import sys
+
+    REFERENCE.write_text(json.dumps(step_one(Path(sys.argv[1])), indent=1) + "\n")
