@@ -1,7 +1,7 @@
 """The planner against measurement: predicted and measured seconds per step and peak RSS, one set of configurations.
 
     .venv/bin/python bench/planner.py --set check   # the 8 configurations the constants were not fitted on
-    .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (session 8's); ~15 minutes each
+    .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (measured 2026-11-24); ~15 minutes each
     .venv/bin/python bench/planner.py --set fresh   # 3 more, measured after the memory formula's last change
     .venv/bin/python bench/planner.py --set check --only 0 3
 
@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 
 SETS = {  # (model, LoRA, prompts, samples, new tokens)
-    "fit": [  # planner.EFFICIENCY's decode constants are fitted to these (session 8's measurements)
+    "fit": [  # planner.EFFICIENCY's decode constants are fitted to these (the measurements of 2026-11-24)
         ("smollm2-135m", False, 4, 4, 64),
         ("smollm2-135m", False, 8, 8, 96),
         ("smollm2-135m", False, 4, 8, 128),
@@ -43,7 +43,7 @@ SETS = {  # (model, LoRA, prompts, samples, new tokens)
         ("qwen2.5-coder-0.5b", True, 4, 4, 128),
         ("qwen2.5-coder-0.5b", False, 1, 4, 96),
     ],
-    "fresh": [  # after the memory formula's correction (session 11), shapes neither set had
+    "fresh": [  # after the memory formula's correction (2026-11-24), shapes neither set had
         ("qwen2.5-coder-0.5b", True, 2, 8, 96),
         ("qwen2.5-coder-0.5b", True, 1, 8, 256),
         ("smollm2-135m", True, 8, 4, 96),

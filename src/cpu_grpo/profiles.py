@@ -19,7 +19,7 @@ PROFILES: dict[str, dict] = {
     # the curriculum on the 0.5B Qwen with LoRA and the \boxed{} instruction it was trained on (SmolLM2-135M learns
     # nothing multi-step): intermediate at 2e-4, then at 1e-4, then with basic replayed; advanced at 320 tokens (where
     # every answer the base model gets right fits) with intermediate replayed; EWC at lambda 0.1; DAPO's overlong
-    # shaping and dynamic sampling; every level evaluated before and after, <= 2 h on 2 cores (docs/learning.md)
+    # shaping and dynamic sampling; every level evaluated before and after, <= 2 h on 2 cores (docs/findings.md)
     "default": dict(**_QWEN_LORA,
                     stages=["basic:2", dict(name="intermediate", steps=4, learning_rate=2e-4, **_HARD),
                             dict(name="intermediate-1e-4", task="intermediate", steps=3, **_HARD),
@@ -29,6 +29,6 @@ PROFILES: dict[str, dict] = {
                     steps=19, prompts_per_step=4, fisher_samples=16, dynamic_sampling=2, eval_size=200,
                     eval_every_stage=False, ewc_lambda=0.1),
     # the default profile's model on GSM8K's train file, evaluated on its first 500 test problems (the same at every
-    # seed) at 256 tokens, where the base model finishes 45% of its answers (docs/learning.md, sessions 14-15)
+    # seed) at 256 tokens, where the base model finishes 45% of its answers (results/LOG.md, 2026-11-25)
     "gsm8k": dict(**_QWEN_LORA, task="gsm8k", steps=24, prompts_per_step=4, dynamic_sampling=2, eval_size=500),
 }

@@ -147,7 +147,7 @@ def _build(question: str, steps: list[str], env: dict[str, Fraction],
 
 
 # basic numbers stay small (sums up to 120, products up to 120): one operation a first-grader checks by hand,
-# where a 135M model scores above zero and can learn; 3-digit operands left it flat at ~5% (docs/learning.md)
+# where a 135M model scores above zero and can learn; 3-digit operands left it flat at ~5% (docs/findings.md)
 _ADD = dict(a=range(2, 61), b=range(2, 61))
 _SUB = dict(b=range(1, 41), d=range(1, 51), a="b+d")
 _MUL = dict(a=range(2, 11), b=range(2, 13))

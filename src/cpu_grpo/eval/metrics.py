@@ -12,7 +12,7 @@ The work (the seed system's qualitative metrics, made precise):
   (parentheses, "$", thousands commas and "%" allowed, all on one line), then "=", then a result: a
   number, fraction or mixed number ("16 - 3 = 13", "$2 x 9 = $18", "(3 + 4) * 2 = 14", "3 / 2 = 1 1/2").
   LaTeX is read as written work: "\\times", "\\cdot", "\\div" as operators, "\\frac{225}{9} = 25" as
-  "225/9 = 25" (until session 28 a \\frac division was not counted: reasoning_quality fell when a model
+  "225/9 = 25" (before 2026-11-26 a \\frac division was not counted: reasoning_quality fell when a model
   moved from "225 / 9 = 25" to "\\frac{225}{9} = 25").
   A GSM8K annotation "<<16-3=13>>" is one, and "16 - 3 = <<16-3=13>>13" counts once. A chain
   "3 * 4 = 12 + 2 = 14" is two computations. But when an operator follows the number after "=" and that

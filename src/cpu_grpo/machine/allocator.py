@@ -1,8 +1,8 @@
 """The memory allocator a training process runs with.
 
 glibc's malloc keeps much of what a training step frees, so a run's memory grows step after step (the demo: 3.4 GB
-after step 1, 6.2 GB after step 12, as shipped until session 14); jemalloc with its default decay hands it back and
-stays at the step's working set (3.8 GB flat from step 4), at the same speed (bench/RESULTS.md, allocator). An
+after step 1, 6.2 GB after step 12, as shipped before 2026-11-25); jemalloc with its default decay hands it back and
+stays at the step's working set (3.8 GB flat from step 4), at the same speed (bench/README.md, the allocator). An
 allocator is chosen when a process starts, so `cpu-grpo train` starts itself again once, with jemalloc preloaded,
 where the system has it (Debian and Ubuntu: `apt-get install libjemalloc2`). Without it, glibc is told to keep
 freed memory for reuse instead of returning every large block (`keep_freed_memory`).

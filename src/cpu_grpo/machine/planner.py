@@ -14,11 +14,11 @@ limit (the worst case; `--completion-len` for another assumption):
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
   activations), the activations the backward keeps (batching.py) with a chunk of bf16 logits, and the process.
-The decode constants (`EFFICIENCY`) are fitted by least squares to session 8's 8 measured configurations
+The decode constants (`EFFICIENCY`) are fitted by least squares to the 8 configurations measured on 2026-11-24
 (bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
-a step and 12% for peak memory (bench/RESULTS.md, 2026-11-24).
-A long run's memory grows past what its first steps use (session 9: 4.4 -> 8.0 GB over 2 hours against 4.1
-predicted): the forecast is the working set, not that growth.
+a step and 12% for peak memory (bench/README.md, 2026-11-24).
+A long run's memory grows past what its first steps use (a default-profile run of 2026-11-24: 4.4 -> 8.0 GB over
+2 hours against 4.1 predicted): the forecast is the working set, not that growth.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
 
 def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
     """A step's rollout and update seconds with every completion at `t` tokens, and with dynamic sampling every
-    rollout batch it may draw (the default profile drew two in 21 of 24 steps: docs/learning.md, session 14)."""
+    rollout batch it may draw (the default profile drew two in 21 of 24 steps: results/LOG.md, 2026-11-25)."""
     e = EFFICIENCY
     rows = cfg.prompts_per_step * cfg.num_generations
     flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
