@@ -381,12 +381,12 @@ def reference() -> str:
     intro = ("Generated from `src/cpu_grpo/config.py` by `make docs`: do not edit. Every field is a YAML key and a "
              "`--flag` (underscores as dashes); precedence: defaults < `--profile` < `--config` file < "
              "`--field value`.")
-    rows = ["# Config reference", "", intro, "", "| field | default | what it does |", "|---|---|---|"]
+    rows = ["# Config reference", "", intro, ""]
     for f in fields(TrainConfig):
         default = f.default_factory() if callable(f.default_factory) else f.default
-        rows.append(f"| `{f.name}` | `{json.dumps(default)}` | {f.metadata['help'].replace('|', '/')} |")
-    rows += ["", "## Profiles", "", "| profile | sets |", "|---|---|"]
-    rows += [f"| `{name}` | {', '.join(f'`{k}: {json.dumps(v)}`' for k, v in p.items()) or '(the defaults)'} |"
+        rows.append(f"- `{f.name}` (default `{json.dumps(default)}`): {f.metadata['help']}")
+    rows += ["", "## Profiles", ""]
+    rows += [f"- `{name}`: {', '.join(f'`{k}: {json.dumps(v)}`' for k, v in p.items()) or '(the defaults)'}"
              for name, p in PROFILES.items()]
     return "\n".join(rows) + "\n"
 
