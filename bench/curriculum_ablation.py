@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from cpu_grpo import config
+from cpu_grpo.config.stages import plan
 from cpu_grpo.eval import stats
 from cpu_grpo.eval.forgetting import forgetting_table
 from cpu_grpo.rundir import read_jsonl
@@ -125,7 +126,7 @@ def tables(out: Path, names: list[str]) -> str:
         data = json.loads((run / "forgetting.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
         cfg = config.build(None, str(run / "train_config.yaml"))
-        stages = ", ".join(f"{st.task} {st.steps}" for st in config.plan(cfg))
+        stages = ", ".join(f"{st.task} {st.steps}" for st in plan(cfg))
         ewc = f"EWC lambda {cfg.ewc_lambda:g}" if len(cfg.stages) > 1 else "one stage (no EWC)"
         lines += [f"## `{name}`: {stages} steps; {ewc}", "",
                   f"{summary['steps']} steps, {summary['wall_seconds'] / 60:.0f} minutes wall.", "",

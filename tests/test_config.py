@@ -6,19 +6,8 @@ import sys
 
 import pytest
 
-from cpu_grpo.config import (
-    PROFILES,
-    ConfigError,
-    Stage,
-    TrainConfig,
-    build,
-    coerce,
-    describe,
-    eval_limits,
-    load_file,
-    plan,
-    save,
-)
+from cpu_grpo.config import PROFILES, ConfigError, TrainConfig, build, coerce, describe, load_file, save
+from cpu_grpo.config.stages import Stage, eval_limits, plan
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from test_train import tiny_cfg
 
 from cpu_grpo import config
+from cpu_grpo.config.stages import plan
 from cpu_grpo.errors import RunDirError
 from cpu_grpo.rundir import read_jsonl, stage_eval_path
 from cpu_grpo.train import checkpoint, curriculum
@@ -326,7 +327,7 @@ def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeyp
 def test_validation_is_disjoint_from_the_held_out_set():
     cfg = config.build(None, None, {"eval_size": 30, "promote_size": 20})
     held = {ex.question for ex in curriculum.held_out(cfg)[0].examples}
-    val = curriculum.validation(cfg, config.plan(cfg)[0])
+    val = curriculum.validation(cfg, plan(cfg)[0])
     assert len(val) == 20 and not held & {ex.question for ex in val}
 
 

@@ -12,3 +12,7 @@ class RunDirError(UserError):
 
 class RewardError(UserError):
     """A reward spec or reward input a user can fix; the message says how."""
+
+
+class ConfigError(UserError):
+    """A configuration the user can fix; the message says how."""

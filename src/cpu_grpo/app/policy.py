@@ -95,7 +95,7 @@ class Policy:
         """The configuration the run will have (a TrainConfig, resolved from `source`: the profile, the file, the
         fields and a resumed run's saved config): every reward, the model and its code, every task of every stage
         and every extra held-out set, and where it writes."""
-        from ..config import plan
+        from ..config.stages import plan
 
         if cfg.trust_remote_code:
             return (f"{source} sets trust_remote_code: the page never runs a model's own code; start that run with "

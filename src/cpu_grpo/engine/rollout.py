@@ -333,16 +333,17 @@ def _hf_generate(net, prompts, num_generations: int, sampling: Sampling, generat
     return out
 
 
-def encode_prompts(tokenizer, questions: list[str], instruction: str = "") -> list[list[int]]:
-    """Chat-format each question (user turn + assistant header) and tokenize it."""
+def encode_prompts(tokenizer, prompts: list, instruction: str = "") -> list[list[int]]:
+    """Chat-format each prompt (a question, `instruction` appended as its own line, or a list of chat messages:
+    `Example.chat`) with the model's chat template and the assistant header, and tokenize it."""
     out = []
-    for q in questions:
-        content = f"{q}\n{instruction}".strip() if instruction else q
+    for p in prompts:
+        turns = p if isinstance(p, list) else [{"role": "user", "content": f"{p}\n{instruction}".strip()
+                                                if instruction else p}]
         if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                 add_generation_prompt=True)
-        else:
-            text = f"Question: {content}\nAnswer:"
+            text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        else:  # a base model: the earlier turns as plain lines, then the last one as a question
+            text = "".join(f"{t['content']}\n" for t in turns[:-1]) + f"Question: {turns[-1]['content']}\nAnswer:"
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 

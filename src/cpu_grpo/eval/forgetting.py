@@ -8,7 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from ..config import TrainConfig, plan
+from ..config import TrainConfig
+from ..config.stages import plan
 from ..rundir import file_safe, read_jsonl, stage_eval_path
 from . import stats
 from .tables import pct_cell

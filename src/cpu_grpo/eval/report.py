@@ -111,7 +111,7 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
 def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: str = "", commit: str = "") -> dict:
     """summary.json and report.md for a run; prints the before/after table and the report's path. `commit`: the
     code the run started with (code_version() then; now, when not given)."""
-    from ..config import plan
+    from ..config.stages import plan
 
     before, after = (with_work(read_jsonl(run / name)) for name in ("eval_before.jsonl", "eval_after.jsonl"))
     metrics = metric_summary(before, after or None) if before else {}

@@ -27,7 +27,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..config import TrainConfig, eval_limits, plan
+from ..config import TrainConfig
+from ..config.stages import eval_limits, plan
 from ..eval.evaluate import equal_batches
 
 # fractions of the measured peak that each phase reaches, and fixed costs (bench/planner.py's FIT set)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import Stage, TrainConfig, eval_limits
+from ..config import TrainConfig
+from ..config.stages import Stage, eval_limits
 from ..data import loaders, tasks
 
 EWC_FILE = "ewc.safetensors"
@@ -78,7 +79,7 @@ class TypePriority:
 
 
 def held_out(cfg: TrainConfig) -> list[HeldOut]:
-    """The evaluation sets (each stage's task, then eval_task's entries, at their limits: config.eval_limits):
+    """The evaluation sets (each stage's task, then eval_task's entries, at their limits: config.stages.eval_limits):
     eval_size problems from the test split of each (seed + 1), never trained on."""
     if cfg.eval_size == 0:
         return []

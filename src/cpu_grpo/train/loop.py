@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from .. import rundir
-from ..config import TrainConfig, describe, plan, save
+from ..config import TrainConfig, describe, save
+from ..config.stages import plan
 from ..data import rewards, tasks
 from ..engine.models import set_threads
 from ..eval import report

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import Stage, TrainConfig
+from ..config import TrainConfig
+from ..config.stages import Stage
 from ..engine.models import bf16_supported, load_model
 from ..engine.rollout import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError

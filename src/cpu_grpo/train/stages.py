@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Stage, eval_limits
+from ..config.stages import Stage, eval_limits
 from ..data import tasks
 from ..engine.batching import group_logprobs
 from ..engine.rollout import encode_prompts
@@ -97,7 +97,7 @@ def estimate_fisher(r: Run, k: int, data: list[tasks.Example], order: list[int])
     their own generator, so a run with EWC draws the same problems and rollouts as one without, up to its weights."""
     cfg, n = r.cfg, r.cfg.fisher_samples
     batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
-    prompts = encode_prompts(r.tok, [ex.question for ex in batch], cfg.instruction)
+    prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (k + 1))
     completions = r.sampler.generate(prompts, 1, r.sampling(), gen)
 

@@ -94,7 +94,7 @@ class Update:
 def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
     """G completions for each problem of the batch, from the bf16 sampler (seeded by the run's generator)."""
     cfg, tok = r.cfg, r.tok
-    prompts = encode_prompts(tok, [ex.question for ex in batch], cfg.instruction)
+    prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(), r.gen)
     truncated = [len(c) >= r.limit and c[-1] not in r.stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
