@@ -1,0 +1,124 @@
+"""The curriculum's plan: stages (names, tasks, steps and their own settings) parsed from a config, steps shared
+among them, and the completion limit of each held-out set. A run's stages are `plan(cfg)`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..data.tasks import parts_of
+from ..errors import ConfigError
+
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def _bool(value) -> bool:
+    """true/false as YAML or the command line write them; ValueError otherwise."""
+    text = str(value).lower()
+    if isinstance(value, bool) or text in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value if isinstance(value, bool) else text in ("1", "true", "yes", "on")
+    raise ValueError(value)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    task: str
+    steps: int
+    promote_at: float = 0.0  # move on when validation accuracy reaches this (0: run all steps)
+    learning_rate: float = 0.0  # 0: the run's learning_rate
+    # limit of this stage's rollouts and its task's held-out sets (0: the run's max_new_tokens, eval_max_new_tokens)
+    max_new_tokens: int = 0
+    lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
+    prioritized_sampling: bool | None = None  # None: the run's
+    dynamic_sampling_keep: str = ""  # "": the run's
+    prompts_per_step: int = 0  # 0: the run's
+    held_out: bool = True  # its task's test split is a held-out set (false: measure it apart, e.g. with cpu-grpo eval)
+
+
+_STAGE_KEYS = {f.name for f in fields(Stage)}
+
+
+def parse_stage(spec) -> dict:
+    """'basic', 'basic:10' or {'name': ..., 'task': ..., 'steps': ...} -> a dict of Stage fields."""
+    if isinstance(spec, str):
+        if spec.strip()[:1] in "[{":  # JSON or a YAML flow list typed on the command line
+            raise ConfigError("--stages takes names or name:steps: put stage mappings in a --config YAML file.")
+        name, _, steps = spec.strip().partition(":")
+        spec = {"name": name, **({"steps": steps} if steps else {})}
+    if not isinstance(spec, dict) or not spec.get("name"):
+        raise ConfigError(f"stage {spec!r}: give a name (e.g. basic), name:steps, or a mapping with a name.")
+    unknown = set(spec) - _STAGE_KEYS
+    if unknown:
+        raise ConfigError(f"stage '{spec['name']}': unknown key(s) {', '.join(sorted(unknown))}: use "
+                          f"{', '.join(sorted(_STAGE_KEYS))}.")
+    out = {"name": str(spec["name"]), "task": str(spec.get("task") or spec["name"])}
+    try:
+        out |= {key: kind(spec[key]) for key, kind in (("steps", int), ("promote_at", float), ("learning_rate", float),
+                ("max_new_tokens", int), ("lr_scheduler", str), ("dynamic_sampling_keep", str),
+                ("prompts_per_step", int)) if spec.get(key) is not None}
+        out |= {key: _bool(spec[key]) for key in ("prioritized_sampling", "held_out") if spec.get(key) is not None}
+    except (TypeError, ValueError, ConfigError):
+        raise ConfigError(f"stage '{spec['name']}': steps, max_new_tokens, prompts_per_step integers, promote_at and "
+                          "learning_rate numbers, prioritized_sampling and held_out true or false.") from None
+    if min(out.get(k, 0) for k in ("steps", "learning_rate", "max_new_tokens", "prompts_per_step")) < 0 \
+            or not 0 <= out.get("promote_at", 0) <= 1 or out.get("lr_scheduler", "constant") not in SCHEDULES \
+            or out.get("dynamic_sampling_keep", "first") not in ("first", "hardest"):
+        raise ConfigError(f"stage '{spec['name']}': steps, learning_rate, max_new_tokens, prompts_per_step >= 0, "
+                          "promote_at in [0, 1], lr_scheduler constant, linear or cosine, dynamic_sampling_keep first "
+                          "or hardest.")
+    return out
+
+
+def scale_stages(stages: list, steps: int) -> list:
+    """A profile's stages, every one with its own steps, scaled to `steps` in all in the same proportions (largest
+    remainder, each at least 1); stages without steps already share `steps`, so they are left as they are.
+
+    >>> scale_stages(["basic:30", "intermediate:10", "advanced:10"], 10)
+    [{'name': 'basic', 'task': 'basic', 'steps': 6}, {'name': 'intermediate', 'task': 'intermediate', 'steps': 2}, \
+{'name': 'advanced', 'task': 'advanced', 'steps': 2}]
+    """
+    specs = [parse_stage(s) for s in stages]
+    total = sum(s.get("steps", 0) for s in specs)
+    if any("steps" not in s for s in specs) or total == 0:
+        return stages
+    if steps < len(specs):
+        raise ConfigError(f"steps {steps} < {len(specs)} stages: give {len(specs)} or more, or --stages.")
+    shares = [max(1, steps * s["steps"] // total) for s in specs]
+    by_remainder = sorted(range(len(specs)), key=lambda i: -(steps * specs[i]["steps"] % total))
+    for i in by_remainder[:max(0, steps - sum(shares))]:
+        shares[i] += 1
+    while sum(shares) > steps:  # the minimum of 1 took more than the proportion gave
+        shares[shares.index(max(shares))] -= 1
+    return [{**s, "steps": n} for s, n in zip(specs, shares, strict=True)]
+
+
+def plan(cfg) -> list[Stage]:
+    """The stages of a run. Stages without steps share what `steps` leaves (the remainder goes to the last)."""
+    if not cfg.stages:
+        return [Stage(name=cfg.task, task=cfg.task, steps=cfg.steps)]
+    names = [s["name"] for s in cfg.stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"stage names must be distinct, got {', '.join(names)}: rename the repeated ones.")
+    fixed = sum(s["steps"] for s in cfg.stages if "steps" in s)
+    free = [i for i, s in enumerate(cfg.stages) if "steps" not in s]
+    rest = cfg.steps - fixed
+    if free and rest < len(free):
+        raise ConfigError(f"steps {cfg.steps} leaves {rest} for {len(free)} stage(s) without steps: raise steps "
+                          "or give each stage its own.")
+    out = []
+    for i, s in enumerate(cfg.stages):
+        if "steps" not in s:
+            s = {**s, "steps": rest // len(free) + (rest % len(free) if i == free[-1] else 0)}
+        out.append(Stage(**s))
+    return out
+
+
+def eval_limits(cfg) -> dict[str, int]:
+    """Each held-out set's completion limit (each held-out stage's task, or its levels where it joins them; then
+    eval_task's entries): the largest max_new_tokens of the stages that set one and train on it, else
+    eval_max_new_tokens."""
+    own: dict[str, int] = {}
+    for s in (s for s in plan(cfg) if s.held_out):
+        own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in parts_of(s.task)})
+    tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
+    return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}
