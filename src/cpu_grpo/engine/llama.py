@@ -1,4 +1,4 @@
-"""A short hand-written forward for Llama-family decoders (llama, qwen2, mistral), over the HF modules' weights.
+"""A short hand-written forward for decoder-only transformers of the Llama family, over the HF modules' weights.
 
 Three uses, all faster on a CPU than the generic HF forward:
 - `cached_forward`: a prompt's prefill into a KV cache (rollout.py);
@@ -8,6 +8,9 @@ Three uses, all faster on a CPU than the generic HF forward:
   run once per group and its keys/values are expanded to the G rows, so prompt tokens cost 1/G of their
   usual forward and backward. Gradients flow through the shared prompt as they would through G copies.
 Modules are called as modules, so LoRA layers (peft) and autocast work unchanged.
+
+One forward serves every architecture in ARCHS; what differs between them is an `Arch` record read off the
+config and the modules (`arch_of`), not a copy of the forward per model.
 """
 
 from __future__ import annotations
@@ -19,31 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ARCHS = ("llama", "qwen2", "mistral")
-
-
-def supports(model) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = base.config
-    return (getattr(cfg, "model_type", "") in ARCHS and not getattr(cfg, "use_sliding_window", False)
-            and hasattr(base, "model") and hasattr(base.model, "rotary_emb"))
-
-
-def _rms(x: Tensor, norm) -> Tensor:
-    return F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype) * norm.weight
-
-
-def _rope_tables(rotary, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and a sign-folded sin, (N, 1, T, D): rotate_half(x) * sin == swap_halves(x) * signed_sin."""
-    cos, sin = rotary(x, pos)
-    half = sin.shape[-1] // 2
-    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-    return cos.unsqueeze(1), signed.unsqueeze(1)
-
-
-def _rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:  # x (N, H, T, D), tables (N, 1, T, D)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
+from .arch import Arch, apply_rope, arch_of, layer_norms, norm_eps, rms, rotary_tables, supports  # noqa: F401 (llama.supports)
 
 
 def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -62,8 +41,12 @@ def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> T
     return (scores.softmax(-1).to(v.dtype) @ v).view(n, h, t, d)
 
 
-def _project(attn, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _project(attn, h: Tensor, arch: Arch) -> tuple[Tensor, Tensor, Tensor]:
     h = _autocast_input(h)
+    if arch.fused:  # phi3: one qkv_proj, q first, then k and v
+        qkv = attn.qkv_proj(h)
+        nq = plain_layer(attn.o_proj).in_features
+        return qkv.split([nq, (qkv.shape[-1] - nq) // 2, (qkv.shape[-1] - nq) // 2], dim=-1)
     return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
 
 
@@ -73,15 +56,28 @@ def _autocast_input(h: Tensor) -> Tensor:
     return h.to(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else h
 
 
-def _heads(x: Tensor, n: int, t: int, d: int, cos: Tensor, sin: Tensor) -> Tensor:
-    return _rope(x.view(n, t, -1, d).transpose(1, 2), cos, sin)
+def _heads(x: Tensor, n: int, t: int, d: int, table: tuple | None, norm=None, offset: float = 0.0) -> Tensor:
+    """(N*T, heads*D) -> (N, heads, T, D): the per-head norm (qwen3, gemma3), then the rotary embedding if any."""
+    x = x.view(n, t, -1, d)
+    if norm is not None:
+        x = rms(x, norm, offset)
+    x = x.transpose(1, 2)
+    return x if table is None else apply_rope(x, *table)
 
 
-def _mlp(mlp, x: Tensor, ln) -> Tensor:
-    h = _autocast_input(_rms(x, ln))
-    gate, up = mlp.gate_proj(h), mlp.up_proj(h)
-    act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(mlp.act_fn) else mlp.act_fn(gate) * up
-    return x + mlp.down_proj(act)
+def _act(mlp):
+    return mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn
+
+
+def _mlp(layer, x: Tensor, arch: Arch) -> Tensor:
+    _, _, ln_in, ln_out = layer_norms(layer, arch)
+    mlp = layer.mlp
+    h = _autocast_input(rms(x, ln_in, arch.norm_offset))
+    gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1) if arch.fused else (mlp.gate_proj(h), mlp.up_proj(h))
+    act_fn = _act(mlp)
+    act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(act_fn) else act_fn(gate) * up
+    out = mlp.down_proj(act)
+    return x + (out if ln_out is None else rms(out, ln_out, arch.norm_offset))
 
 
 def _is_silu(fn) -> bool:
@@ -108,9 +104,15 @@ class _SwiGLU(torch.autograd.Function):
         return d_gate.to(gate.dtype), (grad_f * silu).to(up.dtype)
 
 
-def causal_mask(t: int, start: int) -> Tensor:
-    """(T, start+T): query i sees keys <= start+i."""
-    return torch.ones(t, start + t, dtype=torch.bool).tril(start)
+def causal_mask(t: int, start: int, window: int | None = None) -> Tensor:
+    """(T, start+T): query i sees keys <= start+i, and with a sliding window only those > start+i-window
+    (transformers' sliding_window_overlay: kv_idx > q_idx - window)."""
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(start)
+    return mask if window is None else mask.triu(start - window + 1)
+
+
+def _seen(mask: Tensor) -> Tensor:
+    return mask | ~mask.any(-1, keepdim=True)  # a fully padded query row sees everything (its output is unused)
 
 
 def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache: list[tuple[Tensor, Tensor]],
@@ -120,29 +122,35 @@ def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache
     cache holds per layer (K transposed (N, Hkv, D, S), V (N, Hkv, S, D)); key_valid (N, S) marks the slots
     that may be attended to (False for left padding). projs: the layers' projections (sampling_projections).
     """
-    inner = net.model
+    inner, arch = net.model, arch_of(net)
     n, t = ids.shape
     x = inner.embed_tokens(ids)  # (N, T, H)
-    cos, sin = _rope_tables(inner.rotary_emb, x, pos)  # (N, 1, T, D)
+    tables = rotary_tables(inner, arch, x, pos)  # (N, 1, T, R) each
     end = start + t
-    mask = key_valid[:, None, None, :end] & causal_mask(t, start)
-    mask = mask | ~mask.any(-1, keepdim=True)  # a fully padded query row sees everything (its output is unused)
+    masks = {w: _seen(key_valid[:, None, None, :end] & causal_mask(t, start, w)) for w in set(arch.window)}
     for i, layer in enumerate(inner.layers):
         attn, pj = layer.self_attn, projs[i]
+        ln_attn, ln_attn_out, ln_mlp, ln_mlp_out = layer_norms(layer, arch)
         d = attn.head_dim
         nk = cache[i][0].shape[1] * d
-        qkv = pj.qkv(_rms_one(x, layer.input_layernorm))
+        qkv = pj.qkv(_rms_one(x, ln_attn, arch.norm_offset))
         nq = qkv.shape[-1] - 2 * nk
-        q = _heads(qkv[..., :nq], n, t, d, cos, sin)
-        k = _heads(qkv[..., nq:nq + nk], n, t, d, cos, sin)
+        table, off = tables.get(arch.rope[i]), arch.norm_offset
+        q = _heads(qkv[..., :nq], n, t, d, table, attn.q_norm if arch.qk_norm else None, off)
+        k = _heads(qkv[..., nq:nq + nk], n, t, d, table, attn.k_norm if arch.qk_norm else None, off)
         kc, vc = cache[i]
         kc[:, :, :, start:end] = k.transpose(-1, -2)
         vc[:, :, start:end] = qkv[..., nq + nk:].view(n, t, -1, d).transpose(1, 2)
-        a = attention(q, kc[:, :, :, :end], vc[:, :, :end], mask, attn.scaling)
-        x = x + pj.o(a.transpose(1, 2).reshape(n, t, -1))
-        gate, up = pj.gate_up(_rms_one(x, layer.post_attention_layernorm)).chunk(2, dim=-1)
-        x = x + pj.down(layer.mlp.act_fn(gate) * up)
-    return _rms(x[:, -1], inner.norm)
+        a = attention(q, kc[:, :, :, :end], vc[:, :, :end], masks[arch.window[i]], attn.scaling)
+        x = x + _out(pj.o(a.transpose(1, 2).reshape(n, t, -1)), ln_attn_out, off)
+        gate, up = pj.gate_up(_rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
+        x = x + _out(pj.down(_act(layer.mlp)(gate) * up), ln_mlp_out, off)
+    return rms(x[:, -1], inner.norm, arch.norm_offset)
+
+
+def _out(y: Tensor, norm, offset: float) -> Tensor:
+    """A sublayer's output, normalised where the architecture has a norm there (gemma3)."""
+    return y if norm is None else rms(y, norm, offset)
 
 
 def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, rows_per_prompt: int,
@@ -155,46 +163,53 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     treats them apart.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner = base.model
+    inner, arch = base.model, arch_of(base)
     b, p = prompt_ids.shape
     n, t = comp_ids.shape
     g = rows_per_prompt
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
     x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
-    cos_p, sin_p = _rope_tables(inner.rotary_emb, x, p_pos)
-    cos_c, sin_c = _rope_tables(inner.rotary_emb, x, c_pos)
-    mask_p = prompt_valid[:, None, None, :] & causal_mask(p, 0)  # (b, 1, P, P)
-    mask_p = mask_p | ~mask_p.any(-1, keepdim=True)
-    mask_c = torch.cat([prompt_valid.repeat_interleave(g, 0)[:, None, None, :].expand(n, 1, t, p),
-                        causal_mask(t, 0).expand(n, 1, t, t)], dim=-1)  # (N, 1, T, P+T)
-    split = b * p
+    tables_p, tables_c = rotary_tables(inner, arch, x, p_pos), rotary_tables(inner, arch, x, c_pos)
+    # keys of a completion row: its prompt's P slots, then its own T; slot P+i is completion token i
+    valid_c = torch.cat([prompt_valid.repeat_interleave(g, 0), torch.ones(n, t, dtype=torch.bool)], dim=-1)
+    masks = {w: (_seen(prompt_valid[:, None, None, :] & causal_mask(p, 0, w)),  # (b, 1, P, P)
+                 valid_c[:, None, None, :] & causal_mask(t, p, w)) for w in set(arch.window)}  # (N, 1, T, P+T)
+    split, off = b * p, arch.norm_offset
 
-    def layer_fn(layer, x):
+    def layer_fn(layer, x, i):
         attn, d = layer.self_attn, layer.self_attn.head_dim
-        q, k, v = _project(attn, _rms(x, layer.input_layernorm))
-        qp, kp = _heads(q[:split], b, p, d, cos_p, sin_p), _heads(k[:split], b, p, d, cos_p, sin_p)
-        qc, kc = _heads(q[split:], n, t, d, cos_c, sin_c), _heads(k[split:], n, t, d, cos_c, sin_c)
+        ln_attn, ln_attn_out, _, _ = layer_norms(layer, arch)
+        q, k, v = _project(attn, rms(x, ln_attn, off), arch)
+        qn, kn = (attn.q_norm, attn.k_norm) if arch.qk_norm else (None, None)
+        tp, tc = tables_p.get(arch.rope[i]), tables_c.get(arch.rope[i])
+        qp, kp = _heads(q[:split], b, p, d, tp, qn, off), _heads(k[:split], b, p, d, tp, kn, off)
+        qc, kc = _heads(q[split:], n, t, d, tc, qn, off), _heads(k[split:], n, t, d, tc, kn, off)
         vp, vc = v[:split].view(b, p, -1, d).transpose(1, 2), v[split:].view(n, t, -1, d).transpose(1, 2)
+        mask_p, mask_c = masks[arch.window[i]]
         ap = attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)  # (b, H, P, D)
         keys = torch.cat([kp.repeat_interleave(g, 0), kc], dim=2)  # (N, Hkv, P+T, D)
         values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
         ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)  # (N, H, T, D)
         a = torch.cat([ap.transpose(1, 2).reshape(split, -1), ac.transpose(1, 2).reshape(n * t, -1)])
-        return _mlp(layer.mlp, x + attn.o_proj(a), layer.post_attention_layernorm)
+        return _mlp(layer, x + _out(attn.o_proj(a), ln_attn_out, off), arch)
 
-    for layer in inner.layers:
+    for i, layer in enumerate(inner.layers):
         if checkpointing and torch.is_grad_enabled():
-            x = torch.utils.checkpoint.checkpoint(layer_fn, layer, x, use_reentrant=False)
+            x = torch.utils.checkpoint.checkpoint(layer_fn, layer, x, i, use_reentrant=False)
         else:
-            x = layer_fn(layer, x)
+            x = layer_fn(layer, x, i)
     # the last prompt position predicts completion token 0; completion position t predicts token t+1
     last_p = x[:split].view(b, p, -1)[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
-    return _rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm)
+    return rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm, off)
 
 
-# the projections fuse_projections stacks into one buffer each: (parent module, names)
-FUSED = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+def _fused_groups(layer) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The projections fuse_projections stacks into one buffer each, (parent module, names): q/k/v and gate/up
+    (phi3's come as one module each already)."""
+    attn = ("qkv_proj",) if hasattr(layer.self_attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")
+    mlp = ("gate_up_proj",) if hasattr(layer.mlp, "gate_up_proj") else ("gate_proj", "up_proj")
+    return ("self_attn", attn), ("mlp", mlp)
 
 
 def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tensor | None, Tensor]]:
@@ -207,7 +222,7 @@ def fuse_projections(net, shapes: dict | None = None) -> list[tuple[Tensor, Tens
     fused = []
     for layer in net.model.layers:
         qkv, gate_up = ([plain_layer(getattr(getattr(layer, parent), name)) for name in names]
-                        for parent, names in FUSED)
+                        for parent, names in _fused_groups(layer))
         wqkv = _fuse(qkv, "weight", shapes)
         bqkv = _fuse(qkv, "bias", shapes) if qkv[0].bias is not None else None
         fused.append((wqkv, bqkv, _fuse(gate_up, "weight", shapes)))
@@ -249,9 +264,10 @@ def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
     out = []
     for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
-        parts = {"qkv": (wqkv, bqkv, [attn.q_proj, attn.k_proj, attn.v_proj]),
+        (_, qkv_names), (_, gu_names) = _fused_groups(layer)
+        parts = {"qkv": (wqkv, bqkv, [getattr(attn, name) for name in qkv_names]),
                  "o": (plain_layer(attn.o_proj).weight, plain_layer(attn.o_proj).bias, [attn.o_proj]),
-                 "gate_up": (wgu, None, [mlp.gate_proj, mlp.up_proj]),
+                 "gate_up": (wgu, None, [getattr(mlp, name) for name in gu_names]),
                  "down": (plain_layer(mlp.down_proj).weight, plain_layer(mlp.down_proj).bias, [mlp.down_proj])}
         out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or ())) for k, (w, b, mods) in parts.items()}))
     return out
@@ -260,7 +276,7 @@ def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
 def fused_names(net) -> set[str]:
     """Names of the parameters that fuse_projections makes views into its buffers."""
     return {f"model.layers.{i}.{parent}.{name}.{kind}"
-            for i, layer in enumerate(net.model.layers) for parent, names in FUSED for name in names
+            for i, layer in enumerate(net.model.layers) for parent, names in _fused_groups(layer) for name in names
             for kind in ("weight", "bias") if getattr(getattr(getattr(layer, parent), name), kind, None) is not None}
 
 
@@ -305,37 +321,53 @@ class PrefixCache:
 
 def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, pos: Tensor, t: int) -> Tensor:
     """Feed tok (n,) at positions pos (n,) as generated token t of every live row; return last hidden (n, H)."""
-    inner = net.model
+    inner, arch = net.model, arch_of(net)
     n = tok.shape[0]
     rows, b, g = cache.rows, cache.b, cache.g
     full = n == b * g
     x = inner.embed_tokens(tok)  # (n, H)
-    cos, sin = _rope_tables(inner.rotary_emb, x, pos[:, None])  # (n, 1, 1, D)
+    tables = rotary_tables(inner, arch, x, pos[:, None])  # (n, 1, 1, R) each
     t_max = cache.comp[0][1].shape[2]
     own = torch.zeros(t_max).masked_fill_(torch.arange(t_max) > t, -math.inf)  # slots written so far: 0..t
     bias = torch.cat([cache.bias_p[rows // g], own.expand(n, t_max)], dim=-1)[:, None, None]  # (n, 1, 1, P+T)
+    biases = {w: bias if w is None else _window_bias(bias, cache.bias_p.shape[1] + t, w) for w in set(arch.window)}
+    off = arch.norm_offset
     for i, layer in enumerate(inner.layers):
         attn, pj = layer.self_attn, projs[i]
+        ln_attn, ln_attn_out, ln_mlp, ln_mlp_out = layer_norms(layer, arch)
         d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
-        qkv = pj.qkv(_rms_one(x, layer.input_layernorm))
+        qkv = pj.qkv(_rms_one(x, ln_attn, off))
         nk = hkv * d
         nq = qkv.shape[1] - 2 * nk
-        qk = _rope(qkv[:, :nq + nk].view(n, -1, 1, d), cos, sin)  # q and k heads rotated together
+        qk = qkv[:, :nq + nk].view(n, -1, 1, d)  # q and k heads, normalised and rotated together
+        if arch.qk_norm:
+            qk = torch.cat([rms(qk[:, :nq // d], attn.q_norm, off), rms(qk[:, nq // d:], attn.k_norm, off)], 1)
+        table = tables.get(arch.rope[i])
+        qk = qk if table is None else apply_rope(qk, *table)
         q, k = qk[:, :nq // d].view(n, hkv, -1, d), qk[:, nq // d:, 0]  # (n, Hkv, rep, D), (n, Hkv, D)
         kc, vc = cache.comp[i]
         kc[:, :, :, t] = k
         vc[:, :, t] = qkv[:, nq + nk:].view(n, hkv, d)
-        a = _shared_prefix_attention(q, cache.prompt[i], kc, vc, bias, attn.scaling,
+        a = _shared_prefix_attention(q, cache.prompt[i], kc, vc, biases[arch.window[i]], attn.scaling,
                                      rows, b, g, full)
-        x = x + pj.o(a.reshape(n, -1))
-        gate, up = pj.gate_up(_rms_one(x, layer.post_attention_layernorm)).chunk(2, dim=-1)
-        x = x + pj.down(layer.mlp.act_fn(gate) * up)
-    return _rms(x, inner.norm)
+        x = x + _out(pj.o(a.reshape(n, -1)), ln_attn_out, off)
+        gate, up = pj.gate_up(_rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
+        x = x + _out(pj.down(_act(layer.mlp)(gate) * up), ln_mlp_out, off)
+    return rms(x, inner.norm, off)
 
 
-def _rms_one(x: Tensor, norm) -> Tensor:
+def _window_bias(bias: Tensor, slot: int, window: int) -> Tensor:
+    """The decode bias (n, 1, 1, P+T) of a sliding-window layer: the query sits at slot P+t (the prompt's P slots,
+    then the row's own) and sees only the slots after slot - window (slots and positions differ by the row's
+    left padding alone, so distances are the same)."""
+    return bias.clone().index_fill_(-1, torch.arange(max(0, min(slot - window + 1, bias.shape[-1]))), -math.inf)
+
+
+def _rms_one(x: Tensor, norm, offset: float = 0.0) -> Tensor:
     """RMSNorm as one fused call (fp32 inside): for sampling, where every op of a decode step counts."""
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    if offset:
+        return rms(x, norm, offset)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm_eps(norm))
 
 
 def _shared_prefix_attention(q, prompt_kv, kc, vc, bias, scale, rows, b, g, full):
