@@ -169,6 +169,22 @@ def cmd_doctor(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from .export.run import Request, export
+
+    req = Request(args.run, args.format, args.quant or "", args.out or "", args.ollama or "", not args.no_verify,
+                  args.overwrite, args.keep_template, args.verify_n)
+    result = export(req)
+    print(f"wrote {result.out} ({', '.join(result.files)}); see {result.out / 'export.md'}")
+    if result.command:
+        print(f"Ollama: {result.command}")
+    if not result.passed:
+        print("cpu-grpo: the export does not match its checkpoint (see the verification in export.md): do not use "
+              "it; report this with export.md attached.", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_app(args) -> int:
     try:
         from .app.ui import launch
@@ -250,6 +266,7 @@ def _other_commands(sub) -> None:
     p.add_argument("--seconds", type=float, default=2.0, help="time spent measuring matmul speed")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
     p.set_defaults(func=cmd_doctor)
+    _export_command(sub)
     p = sub.add_parser("app", help="web page on this machine: train, watch, inspect groups, evaluate, compare, try")
     p.add_argument("--runs-dir", default="runs", help="directory whose runs the page lists and starts")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only; "
@@ -262,6 +279,27 @@ def _other_commands(sub) -> None:
     p.add_argument("--allow-code", action="store_true", help="let the page load reward functions from files and "
                    "modules (they run code in the training process)")
     p.set_defaults(func=cmd_app)
+
+
+def _export_command(sub) -> None:
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model, a PEFT adapter or a GGUF file "
+                       "(+ Ollama Modelfile), then check it against the checkpoint (docs/export.md)")
+    p.add_argument("run", metavar="RUN_OR_CHECKPOINT", help="a run directory (its newest good checkpoint) or "
+                   "runs/<name>/checkpoints/step-NNNNNN")
+    p.add_argument("--format", default="gguf", choices=["hf", "peft", "gguf"], help="hf: the full model, any LoRA "
+                   "merged; peft: the LoRA adapter alone; gguf: one file for llama.cpp, Ollama, LM Studio (default)")
+    p.add_argument("--quant", default=None, help="gguf: bf16 (default), f16, q8_0, q4_0 (q4_k_m: not in the gguf "
+                   "package installed here); hf: f32 (default), bf16, f16")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where to write (default: RUN/exports/FORMAT-QUANT-stepN)")
+    p.add_argument("--ollama", default=None, metavar="NAME", help="also write a Modelfile for `ollama create NAME`")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-verify", action="store_true", help="skip loading the export back and checking it")
+    p.add_argument("--keep-template", action="store_true", help="leave the chat template as the checkpoint's (by "
+                   "default it appends the run's instruction to the user's message)")
+    p.add_argument("--verify-n", type=int, default=200, metavar="N", help="held-out problems for the accuracy check "
+                   "of a quantized GGUF (q8_0, q4_0)")
+    p.set_defaults(func=cmd_export)
 
 
 if __name__ == "__main__":

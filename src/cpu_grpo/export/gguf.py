@@ -1,0 +1,220 @@
+"""A Hugging Face causal LM (llama, qwen2, mistral shapes) written as one GGUF file, in pure Python.
+
+Tensor names, metadata keys and the tokenizer fields follow llama.cpp's convert_hf_to_gguf.py (LlamaModel,
+Qwen2Model): q and k of llama-style models are permuted for llama.cpp's rotary layout; norms and biases stay
+F32; a tied output head is not written (llama.cpp reuses token_embd). The quantizations are those the installed
+`gguf` package can compute (gguf.quants.quantize): bf16, f16, q8_0 and q4_0 (q4_0 keeps token_embd and output in
+q8_0, as llama-quantize keeps them above 4 bits). K-quants (q4_k_m) are not in the package: `QUANTS` names
+what is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+
+# the model types on the project's fast path (engine.llama.ARCHS), as llama.cpp names their architecture
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+QUANTS = ("bf16", "f16", "q8_0", "q4_0")
+UNAVAILABLE = {"q4_k_m": "the gguf package installed here cannot compute K-quants (Q4_K, Q6_K)",
+               "q4_k": "the gguf package installed here cannot compute K-quants (Q4_K, Q6_K)"}
+_PER_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+class GGUFError(UserError):
+    """A model or request the GGUF writer cannot handle; the message names what it can."""
+
+
+def check_request(model_type: str, quant: str) -> None:
+    """Refuse an architecture or a quantization this writer cannot do, naming those it can."""
+    if model_type not in ARCHS:
+        raise GGUFError(f"the GGUF writer does not know the architecture '{model_type}': it writes "
+                        f"{', '.join(ARCHS)}; export --format hf instead and convert with llama.cpp's "
+                        "convert_hf_to_gguf.py.")
+    if quant not in QUANTS:
+        why = UNAVAILABLE.get(quant, "it is not a quantization this writer knows")
+        raise GGUFError(f"cannot write --quant {quant} ({why}): choose one of {', '.join(QUANTS)}, or write bf16 "
+                        "and run llama.cpp's llama-quantize on it.")
+
+
+def gguf_name(hf_name: str, n_layers: int) -> str | None:
+    """The GGUF name of a Hugging Face tensor name, or None for tensors llama.cpp does not store."""
+    if hf_name in _GLOBAL:
+        return _GLOBAL[hf_name]
+    parts = hf_name.split(".")
+    if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
+        return None
+    layer, rest = int(parts[2]), ".".join(parts[3:])
+    for prefix, short in _PER_LAYER.items():
+        if rest.startswith(prefix + ".") and layer < n_layers:
+            return f"blk.{layer}.{short}.{rest[len(prefix) + 1:]}"
+    return None
+
+
+def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: Hugging Face's rotate-half order of q/k rows to GGUF's interleaved one."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tensor_type(name: str, data: np.ndarray, quant: str):
+    """The GGML type of one tensor under `quant`: 1-D tensors F32, rows that do not fit the block size F16."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as T
+
+    if data.ndim < 2:
+        return T.F32
+    wanted = {"bf16": T.BF16, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[quant]
+    if quant == "q4_0" and name in ("token_embd.weight", "output.weight"):
+        wanted = T.Q8_0
+    if data.shape[-1] % GGML_QUANT_SIZES[wanted][0]:
+        return T.F16
+    return wanted
+
+
+def file_type(quant: str):
+    from gguf import LlamaFileType as F
+
+    return {"bf16": F.MOSTLY_BF16, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[quant]
+
+
+def rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise GGUFError(f"the model uses rope scaling '{kind}', which this GGUF writer does not write: export "
+                        "--format hf and convert with llama.cpp's convert_hf_to_gguf.py.")
+    return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
+
+
+def add_hparams(w, config, arch: str, quant: str, name: str) -> None:
+    """The model's shape, as convert_hf_to_gguf writes it for LlamaModel and Qwen2Model."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    w.add_name(name)
+    w.add_type("model")
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(config.num_hidden_layers)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
+    w.add_rope_freq_base(rope_theta(config))
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_file_type(file_type(quant))
+    if arch == "llama":
+        w.add_vocab_size(config.vocab_size)
+        w.add_rope_dimension_count(head_dim)
+    elif head_dim != config.hidden_size // config.num_attention_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_quantization_version(2)
+
+
+def _pre_tokenizer(model_type: str, tok_json: dict) -> str:
+    """llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre) of the byte-level BPE tokenizers it knows."""
+    if model_type == "qwen2":
+        return "qwen2"
+    text = json.dumps(tok_json.get("pre_tokenizer") or {})
+    if '"individual_digits": true' in text:
+        return "smollm"  # SmolLM/SmolLM2: digits split one by one, then GPT-2's byte level
+    if "\\\\p{N}{1,3}" in text:
+        return "llama-bpe"  # Llama 3's split
+    return "gpt2"
+
+
+def add_tokenizer(w, tok, tok_dir: Path, model_type: str, vocab_size: int, template: str | None) -> None:
+    """Vocabulary, token types, merges, special tokens and the chat template (convert_hf_to_gguf's _set_vocab_gpt2)."""
+    import gguf
+
+    tok_json_path = Path(tok_dir) / "tokenizer.json"
+    tok_json = json.loads(tok_json_path.read_text()) if tok_json_path.exists() else {}
+    if (tok_json.get("model") or {}).get("type") != "BPE" or "Metaspace" in json.dumps(tok_json.get("pre_tokenizer")):
+        raise GGUFError("the GGUF writer knows byte-level BPE tokenizers (GPT-2 style: SmolLM2, Qwen2.5, Llama 3) and "
+                        "this model has another kind: export --format hf and convert with llama.cpp.")
+    reverse = {i: t for t, i in tok.get_vocab().items()}
+    added = {i: a for i, a in tok.added_tokens_decoder.items()}
+    tokens, types = [], []
+    for i in range(max(vocab_size, len(reverse))):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.CONTROL if added[i].special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(_pre_tokenizer(model_type, tok_json))
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=len(tokens))
+    special.chat_template = template
+    # prompts were encoded without special tokens added (rollout.encode_prompts): say so, or llama.cpp adds a BOS
+    special.add_special_token = {"bos": bool(tok("a").input_ids[:1] == [tok.bos_token_id])}
+    for kind in ("bos", "eos", "pad"):  # the ids the run used (its tokenizer's), whatever tokenizer.json says
+        if getattr(tok, f"{kind}_token_id", None) is not None:
+            special.special_token_ids[kind] = getattr(tok, f"{kind}_token_id")
+    special.add_to_gguf(w)
+
+
+def _array(t) -> np.ndarray:
+    import torch
+
+    return t.detach().to(torch.float32).cpu().numpy()
+
+
+def add_tensors(w, model, quant: str, log=print) -> dict[str, int]:
+    """Every tensor llama.cpp needs, converted and quantized; returns how many tensors of each GGML type."""
+    import gguf
+
+    config = model.config
+    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    counts: dict[str, int] = {}
+    for hf_name, tensor in model.state_dict().items():
+        name = gguf_name(hf_name, config.num_hidden_layers)
+        if name is None or (tied and name == "output.weight"):
+            if name is None and not hf_name.endswith("rotary_emb.inv_freq"):
+                raise GGUFError(f"the GGUF writer does not know the tensor {hf_name}: export --format hf instead.")
+            continue
+        data = _array(tensor)
+        if ARCHS[config.model_type] == "llama" and ".attn_q." in name:
+            data = permute_rope(data, n_head)
+        elif ARCHS[config.model_type] == "llama" and ".attn_k." in name:
+            data = permute_rope(data, n_kv)
+        qtype = tensor_type(name, data, quant)
+        out = gguf.quants.quantize(data, qtype)
+        w.add_tensor(name, out, raw_dtype=qtype)
+        counts[qtype.name] = counts.get(qtype.name, 0) + 1
+    return counts
+
+
+def write(model, tok, tok_dir: Path, path: Path, quant: str, name: str, template: str | None,
+          log=print) -> dict[str, int]:
+    """Write `model` (a merged, plain transformers model) and its tokenizer to the GGUF file `path`."""
+    import gguf
+
+    config = model.config
+    check_request(config.model_type, quant)
+    arch = ARCHS[config.model_type]
+    w = gguf.GGUFWriter(str(path), arch)
+    add_hparams(w, config, arch, quant, name)
+    add_tokenizer(w, tok, tok_dir, config.model_type, config.vocab_size, template)
+    counts = add_tensors(w, model, quant, log)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return counts

@@ -1,0 +1,79 @@
+"""Load what an export wrote with plain transformers (and peft), as a user would, and run verify's checks on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import source, verify
+
+GREEDY_PROMPTS = 20  # held-out prompts whose greedy completions must be identical
+
+
+def load_written(req, out: Path, src: source.Source):
+    """(model, tokenizer, chat template) of the export in `out`, loaded without cpu-grpo's loader."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if req.format == "hf":
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(out)
+    elif req.format == "peft":
+        from peft import PeftModel
+
+        from ..engine.models import resolve_model
+
+        base = AutoModelForCausalLM.from_pretrained(resolve_model(src.adapter_base()), dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, out)
+        tok = AutoTokenizer.from_pretrained(out)
+    else:
+        name = next(out.glob("*.gguf")).name
+        model = AutoModelForCausalLM.from_pretrained(out, gguf_file=name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(out, gguf_file=name)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model.eval(), tok, tok.chat_template
+
+
+def rounding(req):
+    import torch
+
+    return {"bf16": torch.bfloat16, "f16": torch.float16}.get(req.quant)
+
+
+def run(src: source.Source, req, out: Path, model, tok, template: str | None, log=print) -> dict:
+    """The checks of this export: greedy identity for exact formats, paired held-out accuracy for quantized GGUF,
+    and the exported chat template's prompt against the run's (its tokens, for every format)."""
+    from ..engine.rollout import stop_ids
+
+    written, written_tok, written_template = load_written(req, out, src)
+    checks = {"template": {"kind": "template", "carries_instruction": bool(written_template and
+                                                                           verify.prompt.MARK in written_template),
+                           "passed": template is None or written_template == template}}
+    shape = (src.instruction, src.system)
+    exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
+    if exact:
+        examples = source.held_out(src, GREEDY_PROMPTS)
+        log(f"checking greedy completions of {len(examples)} held-out prompts against the checkpoint")
+        checks["greedy"] = verify.greedy_check(model, tok, written, written_tok, [e.question for e in examples],
+                                               shape, written_template, stop_ids(tok, model), req.greedy_tokens,
+                                               rounding(req))
+    else:
+        examples = source.held_out(src, req.verify_n)
+        limit = int(src.cfg.get("eval_max_new_tokens", 256))
+        checks["accuracy"] = verify.accuracy_check(model, tok, written, written_tok, written_template, examples,
+                                                   shape, limit, log)
+    _log(checks, log)
+    return checks
+
+
+def _log(checks: dict, log) -> None:
+    for name, c in checks.items():
+        if name == "greedy":
+            log(f"greedy: {c['identical']}/{c['prompts']} completions identical, prompt tokens "
+                f"{'identical' if c['prompt_tokens_identical'] else 'DIFFERENT'}, largest logit difference "
+                f"{c['max_logit_diff']:.2e} (weights rounded to {c['rounded_to']}), "
+                f"{c['max_logit_diff_unrounded']:.2e} against the unrounded checkpoint")
+        elif name == "accuracy":
+            log(f"accuracy on {c['n']} held-out problems: checkpoint {c['checkpoint']:.1%}, export {c['export']:.1%}; "
+                f"{c['sentence']}")

@@ -1,0 +1,107 @@
+"""Check an export against its checkpoint: the written files loaded back by transformers (and peft), not by us.
+
+Exact formats (hf, peft, bf16/f16 GGUF): the prompts tokenized alike, greedy completions identical on held-out
+prompts, and the largest logit difference, against the checkpoint's weights rounded as the file stores them (so that
+any difference is the writer's fault, not the precision's) and, at each prompt's next token, against the unrounded
+checkpoint. Quantized GGUF (q8_0, q4_0): held-out accuracy of the exported model and the checkpoint on the same
+problems, paired (Newcombe's interval, McNemar's exact p: eval.stats).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..eval import stats
+from . import prompt
+
+
+def _greedy(model, ids: list[list[int]], pad: int, stops: tuple[int, ...], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations of each prompt, batched with left padding, cut at the first stop token."""
+    width = max(len(x) for x in ids)
+    input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=list(stops), pad_token_id=pad, use_cache=True)
+    result = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        result.append(row[:cut])
+    return result
+
+
+def _logits(model, seqs: list[list[int]]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([s]), use_cache=False).logits[0].float() for s in seqs]
+
+
+def prompt_ids(tok, questions: list[str], template: str | None, instruction: str, system: str = "") -> list[list[int]]:
+    return [tok(prompt.chat_prompt(tok, q, template, instruction, system), add_special_tokens=False)["input_ids"]
+            for q in questions]
+
+
+def round_to(model, dtype: torch.dtype | None) -> None:
+    """Round the model's weights to `dtype` in place (kept in fp32): what a file of that precision holds."""
+    if dtype is None:
+        return
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dtype).to(p.dtype))
+
+
+def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[str, str], out_template: str | None,
+                 stops: tuple[int, ...], max_new_tokens: int, rounding: torch.dtype | None) -> dict:
+    """Compare greedy completions and logits of the exported model with the checkpoint's (see the module);
+    `shape`: the run's (instruction, system prompt)."""
+    ref_ids = prompt_ids(ref_tok, questions, ref_tok.chat_template, *shape)
+    out_ids = prompt_ids(out_tok, questions, out_template, *shape)
+    first = [t[-1] for t in _logits(ref, ref_ids)]  # the unrounded checkpoint's next-token logits
+    round_to(ref, rounding)
+    ref_done = _greedy(ref, ref_ids, ref_tok.pad_token_id, stops, max_new_tokens)
+    out_done = _greedy(out, out_ids, ref_tok.pad_token_id, stops, max_new_tokens)
+    seqs = [p + c for p, c in zip(ref_ids, ref_done, strict=True)]
+    diff = max(float((a - b).abs().max()) for a, b in zip(_logits(ref, seqs), _logits(out, seqs), strict=True))
+    unrounded = max(float((a - b[len(p) - 1]).abs().max())
+                    for a, b, p in zip(first, _logits(out, seqs), ref_ids, strict=True))
+    same = [a == b for a, b in zip(ref_done, out_done, strict=True)]
+    return {"kind": "greedy", "prompts": len(questions), "prompt_tokens_identical": ref_ids == out_ids,
+            "identical": sum(same), "max_new_tokens": max_new_tokens, "max_logit_diff": diff,
+            "max_logit_diff_unrounded": unrounded, "rounded_to": str(rounding).replace("torch.", "") if rounding
+            else "none", "first_difference": next((i for i, s in enumerate(same) if not s), None),
+            "passed": ref_ids == out_ids and all(same)}
+
+
+def answers(model, tok, template: str | None, examples: list, shape: tuple[str, str], max_new_tokens: int,
+            log=print, batch: int = 50) -> list[dict]:
+    """Greedy completions of the held-out problems, asked in the run's shape through `template`, each scored as
+    the run's evaluation scores it (eval.metrics: the answer after '####', boxed, ...)."""
+    from ..engine.rollout import Sampler, Sampling, stop_ids
+    from ..eval.metrics import score_completion
+
+    sampler, greedy = Sampler(model), Sampling(max_new_tokens, stop_ids(tok, model), tok.pad_token_id, 0.0)
+    records = []
+    for i in range(0, len(examples), batch):
+        part = examples[i:i + batch]
+        outs = sampler.generate(prompt_ids(tok, [e.question for e in part], template, *shape), 1, greedy)
+        for ex, ids in zip(part, outs, strict=True):
+            text = tok.decode(ids, skip_special_tokens=True)
+            records.append({"id": ex.id, "completion": text,
+                            "correct": bool(score_completion(text, ex.answer, ex.solution, False)["correct"])})
+        log(f"  {len(records)}/{len(examples)}: {sum(r['correct'] for r in records) / len(records):.1%} right")
+    return records
+
+
+def accuracy_check(ref, ref_tok, out, out_tok, out_template: str | None, examples: list, shape: tuple[str, str],
+                   max_new_tokens: int, log=print) -> dict:
+    """Greedy held-out accuracy of the checkpoint and the export on the same problems, paired."""
+    log(f"evaluating the checkpoint on {len(examples)} held-out problems")
+    mine = answers(ref, ref_tok, ref_tok.chat_template, examples, shape, max_new_tokens, log)
+    log(f"evaluating the export on {len(examples)} held-out problems")
+    theirs = answers(out, out_tok, out_template, examples, shape, max_new_tokens, log)
+    before, after = [r["correct"] for r in mine], [r["correct"] for r in theirs]
+    cmp = stats.paired_comparison(before, after)
+    worse = cmp["p_value"] < 0.05 and sum(after) < sum(before)
+    return {"kind": "accuracy", "n": len(examples), "checkpoint": sum(before) / len(before),
+            "export": sum(after) / len(after), "comparison": cmp, "max_new_tokens": max_new_tokens,
+            "same_answer": sum(a["completion"] == b["completion"] for a, b in zip(mine, theirs, strict=True)),
+            "sentence": stats.significance_sentence(cmp, "export - checkpoint"), "passed": not worse}

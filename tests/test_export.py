@@ -1,0 +1,233 @@
+"""Export (src/cpu_grpo/export/): every format round-trips from tiny full and LoRA runs, the checks pass, and bad
+input ends in one sentence with nothing left behind."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from cpu_grpo import config
+from cpu_grpo.errors import UserError
+from cpu_grpo.export import gguf as gguf_mod
+from cpu_grpo.export import prompt
+from cpu_grpo.export.run import Request, export
+
+INSTRUCTION = "Answer with '#### N'."
+
+
+def _train(model: str, out: Path, reward: Path, **kw) -> Path:
+    from cpu_grpo.train.loop import train
+
+    values = dict(model=model, output_dir=str(out), steps=2, prompts_per_step=2, num_generations=4, max_new_tokens=8,
+                  eval_size=4, eval_max_new_tokens=8, save_every=2, rewards=[f"{reward}:length_reward"],
+                  reward_weights=[1.0], learning_rate=1e-2, train_size=40, score_truncated=True,
+                  instruction=INSTRUCTION, **kw)
+    train(config.build(None, None, values), log=lambda *a: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model, tiny_qwen):
+    """A full and a LoRA run of the tiny llama, and a full run of the tiny qwen2 (2 steps each)."""
+    from tests.conftest import REWARD
+
+    root = tmp_path_factory.mktemp("export-runs")
+    reward = root / "my_rewards.py"
+    reward.write_text(REWARD)
+    return {"full": _train(tiny_model, root / "full", reward),
+            "lora": _train(tiny_model, root / "lora", reward, use_lora=True, lora_r=4, lora_alpha=8),
+            "qwen2": _train(tiny_qwen, root / "qwen2", reward)}
+
+
+def _quiet(**kw) -> Request:
+    return Request(**kw)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file())).hexdigest()
+
+
+# ---------------------------------------------------------------------------- pieces
+def test_tensor_names_follow_llama_cpp():
+    assert gguf_mod.gguf_name("model.embed_tokens.weight", 2) == "token_embd.weight"
+    assert gguf_mod.gguf_name("model.layers.1.self_attn.q_proj.bias", 2) == "blk.1.attn_q.bias"
+    assert gguf_mod.gguf_name("model.layers.0.mlp.down_proj.weight", 2) == "blk.0.ffn_down.weight"
+    assert gguf_mod.gguf_name("model.layers.0.post_attention_layernorm.weight", 2) == "blk.0.ffn_norm.weight"
+    assert gguf_mod.gguf_name("model.rotary_emb.inv_freq", 2) is None
+
+
+def test_rope_permutation_is_undone_by_transformers():
+    import numpy as np
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    w = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)  # 2 heads of 4 rows
+    assert not np.array_equal(gguf_mod.permute_rope(w, 2), w)
+    back = LlamaTensorProcessor(config={})._reverse_permute_weights(gguf_mod.permute_rope(w, 2), 2, 2)
+    assert np.array_equal(back, w)
+
+
+def test_template_appends_the_instruction_once(tiny_model):
+    from transformers import AutoTokenizer
+
+    from cpu_grpo.engine.rollout import encode_prompts
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    template = prompt.with_instruction(tok.chat_template, INSTRUCTION)
+    asked = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
+                                    add_generation_prompt=True, chat_template=template)
+    assert tok(asked, add_special_tokens=False)["input_ids"] == encode_prompts(tok, ["What is 2 + 3?"], INSTRUCTION)[0]
+    again = tok.apply_chat_template([{"role": "user", "content": f"What is 2 + 3?\n{INSTRUCTION}"}], tokenize=False,
+                                    add_generation_prompt=True, chat_template=template)
+    assert again == asked  # a user who typed the instruction does not get it twice
+    assert prompt.with_instruction(template, INSTRUCTION) == template
+
+
+# ---------------------------------------------------------------------------- every format, full and LoRA runs
+@pytest.mark.parametrize("run,fmt,quant", [("full", "hf", ""), ("lora", "hf", "bf16"), ("lora", "peft", ""),
+                                           ("full", "gguf", "bf16"), ("lora", "gguf", "f16"),
+                                           ("qwen2", "gguf", "bf16"), ("qwen2", "hf", "")])
+def test_exact_formats_round_trip(runs, tmp_path, run, fmt, quant):
+    out = tmp_path / "out"
+    before = _digest(runs[run] / "checkpoints")
+    result = export(_quiet(spec=str(runs[run]), format=fmt, quant=quant, out=str(out)), log=lambda *a: None)
+    greedy = result.checks["greedy"]
+    assert result.passed and greedy["prompt_tokens_identical"]
+    assert greedy["identical"] == greedy["prompts"] == 20  # the run's 4 held-out problems, then more of its test split
+    assert greedy["max_logit_diff"] < 1e-4
+    assert result.checks["template"]["carries_instruction"]
+    text = (out / "export.md").read_text()
+    assert INSTRUCTION in text and "Verification passed" in text and "step 2" in text
+    assert not list(tmp_path.glob(".out.partial-*")) and _digest(runs[run] / "checkpoints") == before
+
+
+def test_hf_export_loads_with_plain_transformers(runs, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "hf"
+    export(_quiet(spec=str(runs["full"]), format="hf", out=str(out), verify=False), log=lambda *a: None)
+    model, tok = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert model.generation_config.do_sample is False and tok.eos_token_id in (
+        model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id])
+    assert "Not verified" in (out / "export.md").read_text()
+
+
+def test_peft_export_loads_on_its_base(runs, tmp_path, tiny_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "adapter"
+    export(_quiet(spec=str(runs["lora"]), format="peft", out=str(out), verify=False), log=lambda *a: None)
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in out.iterdir()}
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), out)
+    assert any("lora_A" in n for n, _ in model.named_parameters())
+
+
+def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_path):
+    out = tmp_path / "q8"
+    result = export(_quiet(spec=str(runs["full"]), format="gguf", quant="q8_0", out=str(out), ollama="tiny-model",
+                           verify_n=6), log=lambda *a: None)
+    acc = result.checks["accuracy"]
+    assert acc["n"] == 6 and 0 <= acc["export"] <= 1 and acc["comparison"]["n"] == 6
+    modelfile = (out / "Modelfile").read_text()
+    gguf_file = next(out.glob("*.gguf")).name
+    assert f"FROM ./{gguf_file}" in modelfile and "{{ .Prompt }}" in modelfile and INSTRUCTION in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0.7" in modelfile
+    assert "ollama create tiny-model" in result.command and str(out) in result.command
+    assert "McNemar" in (out / "export.md").read_text()
+
+
+def test_q4_0_writes_4_bit_blocks_and_8_bit_embeddings(runs, tmp_path):
+    from gguf import GGUFReader
+
+    out = tmp_path / "q4"
+    export(_quiet(spec=str(runs["full"]), format="gguf", quant="q4_0", out=str(out), verify=False),
+           log=lambda *a: None)
+    types = {t.name: t.tensor_type.name for t in GGUFReader(next(out.glob("*.gguf"))).tensors}
+    assert types["token_embd.weight"] == "Q8_0" and types["blk.0.ffn_up.weight"] == "Q4_0"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+
+
+# ---------------------------------------------------------------------------- bad input: one sentence
+def test_a_run_without_a_checkpoint_says_how_to_get_one(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "train_config.yaml").write_text("model: x\n")
+    with pytest.raises(UserError, match="no complete checkpoint yet.*--resume"):
+        export(_quiet(spec=str(run)), log=lambda *a: None)
+
+
+def test_unknown_architecture_and_quantization_name_what_is_known():
+    with pytest.raises(UserError, match="llama, mistral, qwen2"):
+        gguf_mod.check_request("gpt2", "bf16")
+    with pytest.raises(UserError, match="K-quants.*bf16, f16, q8_0, q4_0"):
+        gguf_mod.check_request("llama", "q4_k_m")
+    with pytest.raises(UserError, match="--ollama needs --format gguf"):
+        export(_quiet(spec=".", format="hf", ollama="x"), log=lambda *a: None)
+
+
+def test_peft_of_a_full_run_is_refused(runs, tmp_path):
+    with pytest.raises(UserError, match="full fine-tune, not LoRA"):
+        export(_quiet(spec=str(runs["full"]), format="peft", out=str(tmp_path / "x")), log=lambda *a: None)
+
+
+def test_an_existing_output_is_refused_unless_overwrite(runs, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    with pytest.raises(UserError, match="exists.*--overwrite"):
+        export(_quiet(spec=str(runs["full"]), format="gguf", out=str(out), verify=False), log=lambda *a: None)
+    assert (out / "mine.txt").read_text() == "keep"
+    export(_quiet(spec=str(runs["full"]), format="gguf", out=str(out), verify=False, overwrite=True),
+           log=lambda *a: None)
+    assert not (out / "mine.txt").exists() and list(out.glob("*.gguf"))
+
+
+def test_a_full_disk_removes_the_partial_files_and_leaves_the_checkpoint(runs, tmp_path, monkeypatch):
+    before = _digest(runs["full"] / "checkpoints")
+
+    def fill(model, tok, tok_dir, path, *a, **kw):
+        Path(path).write_bytes(b"GGUF" + b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(gguf_mod, "write", fill)
+    with pytest.raises(UserError, match="disk filled.*removed the partial files.*untouched"):
+        export(_quiet(spec=str(runs["full"]), format="gguf", out=str(tmp_path / "out")), log=lambda *a: None)
+    assert list(tmp_path.iterdir()) == [] and _digest(runs["full"] / "checkpoints") == before
+
+
+def test_cli_export_defaults_to_the_runs_exports_directory(runs, capsys):
+    from cpu_grpo.cli import main
+
+    assert main(["export", str(runs["qwen2"]), "--format", "gguf", "--quant", "f16", "--no-verify"]) == 0
+    written = list((runs["qwen2"] / "exports").glob("gguf-f16-step*/*.gguf"))
+    assert len(written) == 1 and "export.md" in capsys.readouterr().out
+    assert main(["export", str(runs["qwen2"]), "--format", "gguf", "--quant", "q4_k_m"]) == 2
+    assert "bf16, f16, q8_0, q4_0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the real demo model
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_real_model_q8_0_export_keeps_its_accuracy(tmp_path, monkeypatch):
+    """SmolLM2-135M trained one step, exported to q8_0 and checked on 40 held-out problems: the export's accuracy
+    within the paired interval of the checkpoint's (McNemar p >= 0.05)."""
+    from cpu_grpo.engine.models import ModelError, resolve_model
+    from cpu_grpo.train.loop import train
+
+    monkeypatch.setenv("CPU_GRPO_CACHE", str(Path.home() / ".cache" / "cpu-grpo"))
+    try:
+        resolve_model("smollm2-135m", log=lambda *a: None)
+    except ModelError as e:
+        pytest.skip(f"default model not available: {e}")
+    run = train(config.build("quick", None, dict(output_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2,
+                                                 num_generations=4, max_new_tokens=24, eval_size=0,
+                                                 eval_max_new_tokens=96)), log=lambda *a: None)
+    result = export(_quiet(spec=str(run), format="gguf", quant="q8_0", out=str(tmp_path / "q8"), verify_n=40),
+                    log=lambda *a: None)
+    acc = result.checks["accuracy"]
+    lo, hi = acc["comparison"]["ci95"]
+    assert result.passed and lo <= 0 <= hi and acc["n"] == 40
