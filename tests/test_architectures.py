@@ -208,3 +208,46 @@ def test_three_steps_then_resume(model_dir, tmp_path, reward_file):
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and all(m["loss"] == m["loss"] for m in metrics)
     shutil.rmtree(out)
+
+
+def test_the_planner_counts_each_architecture(model):
+    from cpu_grpo.machine.planner import Shapes
+
+    shapes = Shapes.of(model.config)
+    assert shapes.fast and shapes.params == sum(p.numel() for p in model.parameters())
+
+
+def test_a_model_off_the_fast_path_says_so_and_still_works(tokenizer_dir, tmp_path):
+    """OLMo 2 (norms after each sublayer, q/k norms over all heads) is not on the fast path: the load says so in
+    one line with the measured slowdown, and sampling and training run through transformers, matching it."""
+    from transformers import AutoTokenizer, Olmo2Config
+
+    from cpu_grpo.engine.arch import GENERIC_SLOWDOWN
+    from cpu_grpo.engine.models import load_model
+    from cpu_grpo.machine.planner import Shapes
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(Olmo2Config(**COMMON, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                                                 eos_token_id=tok.eos_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    said = []
+    model, _ = load_model(str(tmp_path), log=said.append)
+    assert len(said) == 1 and "'olmo2' is not on the fast path" in said[0]
+    assert f"{GENERIC_SLOWDOWN['rollout']:.1f}x slower in rollouts" in said[0]
+    assert not arch.supports(model) and not Shapes.of(model.config).fast
+    model.eval()
+    sampler = Sampler(model, dtype=torch.float32)
+    assert not sampler.fast
+    eos = model.config.eos_token_id
+    out = sampler.generate(PROMPTS, 1, Sampling(8, (eos,), model.config.pad_token_id, 0))
+    assert out == [hf_greedy(model, p, 8, eos) for p in PROMPTS]
+    test_training_logprobs_equal_the_hf_forward(model)
+
+
+def test_doctor_names_the_fast_path():
+    from cpu_grpo.machine import doctor
+
+    f = doctor.facts(0.1)
+    assert set(f["fast_path"]) >= {"qwen3", "gemma3_text", "smollm3", "phi3"}
+    assert "fast path   llama, qwen2" in doctor.render(f)

@@ -71,6 +71,21 @@ def supports(model) -> bool:
     return supports_config(base.config) and hasattr(base, "model") and hasattr(base.model, "rotary_emb")
 
 
+# the generic path against the fast one, measured (bench/architectures.py; bench/README.md, "Architectures"):
+# rollout tokens/s and update seconds, the median over the architectures there
+GENERIC_SLOWDOWN = {"rollout": 0.0, "update": 0.0, "measured": ""}
+
+
+def generic_path_note(cfg) -> str | None:
+    """One line for a run's start when its model is off the fast path (None when it is on it)."""
+    if supports_config(cfg):
+        return None
+    g = GENERIC_SLOWDOWN
+    return (f"note: '{getattr(cfg, 'model_type', '?')}' is not on the fast path ({', '.join(ARCHS)}): sampling and "
+            f"training run through the generic transformers forward, measured {g['rollout']:.1f}x slower in rollouts "
+            f"and {g['update']:.1f}x in updates on the fast path's architectures ({g['measured']}).")
+
+
 def norm_eps(norm) -> float:
     return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
 

@@ -288,6 +288,11 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model.config.use_cache = False
+    from .arch import generic_path_note
+
+    note = generic_path_note(model.config)
+    if note:
+        log(note)
     return model, tok
 
 

@@ -5,9 +5,9 @@ How it departs from `transformers.generate`:
    each optimizer step (one cast, ~0.1 s for 135M parameters). LoRA on a bf16 base needs no copy: the policy's
    own frozen base samples, with the adapters applied apart (unmerged); elsewhere LoRA deltas are merged into
    the copy, which shares the weights that have no adapter.
-2. For Llama-family decoders (llama, qwen2, mistral) a short hand-written forward runs over a preallocated
-   KV cache, with q/k/v and gate/up fused, so a decode step costs a few large matmuls, not hundreds of small
-   Python calls.
+2. For Llama-family decoders (llama, qwen2, mistral, qwen3, gemma3_text, smollm3, phi3: engine/arch.py) a
+   short hand-written forward runs over a preallocated KV cache, with q/k/v and gate/up fused, so a decode step
+   costs a few large matmuls, not hundreds of small Python calls.
 3. Each prompt is prefilled once; its keys/values stay in one copy that the G rows of its group share.
 4. Finished rows are dropped from the batch, so long stragglers do not carry dead rows.
 5. Randomness comes from an explicit `torch.Generator`: a rollout can be replayed from its seed.

@@ -55,6 +55,7 @@ def facts(seconds: float = 2.0) -> dict:
     import psutil
     import torch
 
+    from ..engine.arch import ARCHS
     from ..engine.models import ALIASES, bf16_supported, cache_dir, set_threads
 
     name, flags = cpu()
@@ -70,7 +71,7 @@ def facts(seconds: float = 2.0) -> dict:
         "matmul_gflops": {"bf16": round(matmul_gflops(torch.bfloat16, seconds / 2)),
                           "fp32": round(matmul_gflops(torch.float32, seconds / 2))},
         "jemalloc": find_jemalloc(), "model_cache": str(cache_dir()), "models_cached": cached,
-        "extras": {module: _version(module) for module in EXTRAS},
+        "extras": {module: _version(module) for module in EXTRAS}, "fast_path": list(ARCHS),
     }
 
 
@@ -125,6 +126,7 @@ def render(f: dict) -> str:
         f"allocator   {'jemalloc (' + f['jemalloc'] + ')' if f['jemalloc'] else 'glibc (no jemalloc found)'} for "
         "cpu-grpo train",
         f"models      {f['model_cache']}: {models}",
+        f"fast path   {', '.join(f['fast_path'])} (model_type; others run the generic transformers forward, slower)",
         f"extras      {extras}",
         "",
         *[f"- {line}" for line in advice(f)],

@@ -75,6 +75,7 @@ class Shapes:
     hidden: int
     vocab: int
     config: object
+    fast: bool = True  # on the engine's fast path (engine/arch.py); else the generic path's measured slowdown applies
 
     @classmethod
     def of_model(cls, spec: str) -> Shapes:
@@ -87,17 +88,23 @@ class Shapes:
 
     @classmethod
     def of(cls, config, lora_r: int = 16) -> Shapes:
-        c = config
+        from ..engine.arch import supports_config
+
+        c = config.get_text_config() if hasattr(config, "get_text_config") else config  # Gemma 3's multimodal one
         d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         h, q, kv, f = c.hidden_size, c.num_attention_heads * d, c.num_key_value_heads * d, c.intermediate_size
         linears = [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]  # (in, out) per layer
         per_layer = sum(i * o for i, o in linears)
         embed = c.vocab_size * h
         tied = getattr(c, "tie_word_embeddings", False)
-        return cls(params=c.num_hidden_layers * (per_layer + 2 * h) + embed * (1 if tied else 2) + h,
+        kind = getattr(c, "model_type", "")
+        # RMSNorm weights a layer: two, four in Gemma 3 (after attention and the MLP too), and q/k norms of a head
+        norms = (4 if kind.startswith("gemma3") else 2) * h + (2 * d if kind in ("qwen3", "gemma3_text") else 0)
+        biases = q + 2 * kv if getattr(c, "attention_bias", False) or kind == "qwen2" else 0  # q/k/v biases
+        return cls(params=c.num_hidden_layers * (per_layer + norms + biases) + embed * (1 if tied else 2) + h,
                    matmul_params=c.num_hidden_layers * per_layer + embed,
                    lora_params=c.num_hidden_layers * sum(lora_r * (i + o) for i, o in linears),
-                   layers=c.num_hidden_layers, hidden=h, vocab=c.vocab_size, config=c)
+                   layers=c.num_hidden_layers, hidden=h, vocab=c.vocab_size, config=c, fast=supports_config(config))
 
 
 @dataclass
@@ -143,6 +150,10 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
     update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * e["train_flops"]) \
         + 16 * trainable / bw  # AdamW reads and writes weights, gradients and two moments (fp32)
+    if not shapes.fast:  # the generic transformers forward, slower by what bench/architectures.py measured
+        from ..engine.arch import GENERIC_SLOWDOWN
+
+        update *= GENERIC_SLOWDOWN["update"]
     return rollout, update
 
 
@@ -200,7 +211,12 @@ def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t
     weights = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),  # bf16 weights read once a step
                   2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
     cache = shapes.layers * e["context_s"] * t * (prompt_len + t / 2)  # the cache holds prompt + t/2 on average
-    return prefill + t * (weights + shapes.layers * e["layer_overhead_s"]) + cache
+    seconds = prefill + t * (weights + shapes.layers * e["layer_overhead_s"]) + cache
+    if shapes.fast:
+        return seconds
+    from ..engine.arch import GENERIC_SLOWDOWN  # model.generate: slower by what bench/architectures.py measured
+
+    return seconds * GENERIC_SLOWDOWN["rollout"]
 
 
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
