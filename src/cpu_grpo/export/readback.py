@@ -38,7 +38,7 @@ def load_written(req, out: Path, src: source.Source):
 def rounding(req):
     import torch
 
-    return {"bf16": torch.bfloat16, "f16": torch.float16}.get(req.quant)
+    return {"bf16": torch.bfloat16, "f16": torch.float16}.get(req.quant), req.format == "gguf"
 
 
 def run(src: source.Source, req, out: Path, model, tok, template: str | None, log=print) -> dict:

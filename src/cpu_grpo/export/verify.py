@@ -40,23 +40,25 @@ def prompt_ids(tok, questions: list[str], template: str | None, instruction: str
             for q in questions]
 
 
-def round_to(model, dtype: torch.dtype | None) -> None:
-    """Round the model's weights to `dtype` in place (kept in fp32): what a file of that precision holds."""
+def round_to(model, dtype: torch.dtype | None, matrices_only: bool = False) -> None:
+    """Round the model's weights to `dtype` in place (kept in fp32): what a file of that precision holds (a GGUF
+    keeps vectors, norms and biases, in F32: `matrices_only`)."""
     if dtype is None:
         return
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(p.to(dtype).to(p.dtype))
+            if p.ndim >= 2 or not matrices_only:
+                p.copy_(p.to(dtype).to(p.dtype))
 
 
 def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[str, str], out_template: str | None,
-                 stops: tuple[int, ...], max_new_tokens: int, rounding: torch.dtype | None) -> dict:
+                 stops: tuple[int, ...], max_new_tokens: int, rounding: tuple[torch.dtype | None, bool]) -> dict:
     """Compare greedy completions and logits of the exported model with the checkpoint's (see the module);
     `shape`: the run's (instruction, system prompt)."""
     ref_ids = prompt_ids(ref_tok, questions, ref_tok.chat_template, *shape)
     out_ids = prompt_ids(out_tok, questions, out_template, *shape)
     first = [t[-1] for t in _logits(ref, ref_ids)]  # the unrounded checkpoint's next-token logits
-    round_to(ref, rounding)
+    round_to(ref, *rounding)
     ref_done = _greedy(ref, ref_ids, ref_tok.pad_token_id, stops, max_new_tokens)
     out_done = _greedy(out, out_ids, ref_tok.pad_token_id, stops, max_new_tokens)
     seqs = [p + c for p, c in zip(ref_ids, ref_done, strict=True)]
@@ -66,7 +68,7 @@ def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[
     same = [a == b for a, b in zip(ref_done, out_done, strict=True)]
     return {"kind": "greedy", "prompts": len(questions), "prompt_tokens_identical": ref_ids == out_ids,
             "identical": sum(same), "max_new_tokens": max_new_tokens, "max_logit_diff": diff,
-            "max_logit_diff_unrounded": unrounded, "rounded_to": str(rounding).replace("torch.", "") if rounding
+            "max_logit_diff_unrounded": unrounded, "rounded_to": str(rounding[0]).replace("torch.", "") if rounding[0]
             else "none", "first_difference": next((i for i, s in enumerate(same) if not s), None),
             "passed": ref_ids == out_ids and all(same)}
 
