@@ -147,10 +147,17 @@ def test_training_logprobs_equal_the_hf_forward(model):
         assert mask[i].sum() == len(c)
 
 
-def _grads(model, monkeypatch, fast: bool) -> dict:
+def test_bf16_autocast_logprobs_close_to_fp32(model):
+    lp32, mask = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=False)
+    lp16, _ = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=True)
+    assert ((lp32 - lp16) * mask).abs().max() < 0.1  # test_rollout's stated tolerance for bf16 on a random model
+
+
+def _grads(model, monkeypatch, fast: bool, checkpointing: bool = False) -> dict:
     monkeypatch.setattr(llama, "supports", lambda m: fast)
     model.zero_grad()
-    lp, mask = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=False)
+    lp, mask = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=False,
+                              checkpointing=checkpointing)
     (lp * mask * torch.linspace(-1, 1, lp.numel()).view(lp.shape)).sum().backward()  # advantage-like weights
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -167,7 +174,9 @@ def _assert_close_grads(a: dict, b: dict) -> None:
 
 
 def test_full_gradients_equal_the_generic_path(model, monkeypatch):
-    _assert_close_grads(_grads(model, monkeypatch, True), _grads(model, monkeypatch, False))
+    fast = _grads(model, monkeypatch, True)
+    _assert_close_grads(fast, _grads(model, monkeypatch, False))
+    _assert_close_grads(_grads(model, monkeypatch, True, checkpointing=True), fast)  # recomputed layer by layer
 
 
 def test_lora_gradients_equal_the_generic_path(model, monkeypatch):
