@@ -231,3 +231,20 @@ def test_real_model_q8_0_export_keeps_its_accuracy(tmp_path, monkeypatch):
     acc = result.checks["accuracy"]
     lo, hi = acc["comparison"]["ci95"]
     assert result.passed and lo <= 0 <= hi and acc["n"] == 40
+
+
+# ---------------------------------------------------------------------------- the web page's Export action
+def test_the_page_exports_a_finished_runs_checkpoint_into_the_run(runs, monkeypatch):
+    from cpu_grpo.app import handlers
+    from cpu_grpo.app.policy import Policy
+
+    root = runs["full"].parent
+    policy = Policy(root)
+    ckpt = str(sorted((runs["full"] / "checkpoints").glob("step-*"))[-1])
+    *_, (log, card) = handlers.export(policy, "full", ckpt, "gguf", "bf16", "tiny-full")
+    assert "Verification passed" in card and "ollama create tiny-full" in card, log
+    assert list((runs["full"] / "exports").glob("gguf-bf16-step-*/Modelfile"))
+    other = str(sorted((runs["lora"] / "checkpoints").glob("step-*"))[-1])
+    *_, (refused, _) = handlers.export(policy, "full", other, "gguf", "bf16", "")
+    assert "checkpoints of the chosen run only" in refused
+    assert "outside the runs directory" in policy.export_problem(runs["full"], ckpt, root.parent / "elsewhere")

@@ -4,6 +4,7 @@ returns plain values or gradio updates; gradio is imported inside the functions 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -223,6 +224,47 @@ def evaluate(policy: Policy, name: str | None, model: str, task: str, n, max_new
     text = log_path.read_text(errors="replace")
     result = f"exit code {proc.returncode}" if proc.returncode else f"records: `{out}`"
     yield _tail(text), views.eval_table(text) + f"\n{result}"
+
+
+def export_choices(root: Path, name: str | None):
+    """The chosen run's checkpoints, newest first, for the Export tab."""
+    import gradio as gr
+
+    run = run_path(root, name)
+    ckpts = [str(p) for p in runs.checkpoints(run)] if run else []
+    return gr.update(choices=ckpts, value=ckpts[0] if ckpts else None)
+
+
+def export(policy: Policy, name: str | None, ckpt: str, fmt: str, quant: str, ollama: str):
+    """Run `cpu-grpo export` on a checkpoint of a finished run, into run/exports/ (a separate process); stream its
+    output; end with the export.md it wrote."""
+    run = run_path(policy.root, name)
+    if run is None or not ckpt:
+        yield "Choose a run and one of its checkpoints.", ""
+        return
+    if runs.status(run)["state"] in runs.LIVE_STATES:
+        yield "The run is still training: export once it has finished (or stop it: that saves a checkpoint).", ""
+        return
+    quant = "" if fmt == "peft" else (quant or "")
+    out = run / "exports" / f"{fmt}{'-' + quant if quant else ''}-{Path(ckpt).name}"
+    if refusal := policy.export_problem(run, ckpt, out):
+        yield f"Not exported: {refusal}", ""
+        return
+    cmd = [sys.executable, "-m", "cpu_grpo.cli", "export", ckpt, "--format", fmt, "--out", str(out)]
+    cmd += (["--quant", quant] if quant else []) + (["--ollama", ollama.strip()] if (ollama or "").strip() else [])
+    log_path = run / "exports" / f"{out.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(f"$ {runs.preview(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=runs.child_env())
+    while proc.poll() is None:
+        time.sleep(1.0)
+        yield _tail(log_path.read_text(errors="replace")), ""
+    card = out / "export.md"
+    yield _tail(log_path.read_text(errors="replace")), card.read_text() if card.exists() else \
+        f"exit code {proc.returncode}: see the output above."
 
 
 def _tail(text: str, lines: int = 8) -> str:

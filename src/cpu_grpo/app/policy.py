@@ -80,6 +80,16 @@ class Policy:
             return f"run {run.name}: the page keeps runs as directories right under {root}; choose another run name."
         return None
 
+    def export_problem(self, run: Path, ckpt: str, out: Path) -> str | None:
+        """Why the page may not export `ckpt` of `run` into `out`: the checkpoint must be the run's own, and what is
+        written stays under the runs directory."""
+        if problem := self.run_problem(run):
+            return problem
+        where = Path(ckpt).expanduser().resolve()
+        if where.parent != (run / "checkpoints").resolve():
+            return f"checkpoint {ckpt}: the page exports the checkpoints of the chosen run only."
+        return self.outside("export directory", str(out))
+
     def train_problem(self, model: str, config_file: str, overrides: dict) -> str | None:
         """The fields as typed, checked before anything they name is read."""
         rewards = [r.strip() for r in str(overrides.get("rewards") or "").split(",") if r.strip()]

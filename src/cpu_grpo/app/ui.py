@@ -152,6 +152,23 @@ def _try_tab(gr, policy):
     return tab, model_a, model_b
 
 
+def _export_tab(gr, policy, run):
+    with gr.Tab("Export", elem_id="tab-export") as tab:
+        gr.Markdown("A checkpoint of a finished run as a GGUF file (llama.cpp, Ollama, LM Studio), a Hugging Face "
+                    "model or a PEFT adapter, into the run's `exports/` directory, then checked against it.")
+        with gr.Row():
+            ckpt = gr.Dropdown(label="checkpoint", choices=[], elem_id="export-checkpoint", scale=3)
+            fmt = gr.Dropdown(label="format", choices=["gguf", "hf", "peft"], value="gguf", elem_id="export-format")
+            quant = gr.Dropdown(label="precision", choices=["bf16", "f16", "q8_0", "q4_0", "f32"], value="q8_0",
+                                elem_id="export-quant")
+            ollama = gr.Textbox(label="Ollama name (optional)", elem_id="export-ollama")
+            go = gr.Button("Export", variant="primary", elem_id="export-run", scale=0)
+        log = gr.Textbox(label="output (last lines)", lines=8, max_lines=8, elem_id="export-log")
+        card = gr.Markdown(elem_id="export-card")
+    tab.select(partial(handlers.export_choices, policy.root), [run], [ckpt], show_progress="hidden")
+    go.click(partial(handlers.export, policy), [run, ckpt, fmt, quant, ollama], [log, card])
+
+
 def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False):
     """The gr.Blocks of the page, over the runs under `root` (paths and code as `Policy` allows)."""
     import gradio as gr
@@ -171,6 +188,7 @@ def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False)
             step, groups_body = _groups_tab(gr, root, run)
             eval_tab, eval_model, summary, other = _eval_tab(gr, policy, run)
             try_tab, try_a, try_b = _try_tab(gr, policy)
+            _export_tab(gr, policy, run)
         seen, picked = gr.State({}), gr.State(None)
         gr.Timer(TICK_SECONDS).tick(partial(handlers.tick, root), [run, seen], [run, *watch_outputs, seen],
                                     show_progress="hidden")
