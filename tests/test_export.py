@@ -163,8 +163,8 @@ def test_a_run_without_a_checkpoint_says_how_to_get_one(tmp_path):
 def test_unknown_architecture_and_quantization_name_what_is_known():
     with pytest.raises(UserError, match="llama, mistral, qwen2"):
         gguf_mod.check_request("gpt2", "bf16")
-    with pytest.raises(UserError, match="K-quants.*bf16, f16, q8_0, q4_0"):
-        gguf_mod.check_request("llama", "q4_k_m")
+    with pytest.raises(UserError, match="K-quant mixes.*bf16, f16, q8_0, q4_k_m, q4_0"):
+        gguf_mod.check_request("llama", "q5_k_m")
     with pytest.raises(UserError, match="--ollama needs --format gguf"):
         export(_quiet(spec=".", format="hf", ollama="x"), log=lambda *a: None)
 
@@ -205,8 +205,8 @@ def test_cli_export_defaults_to_the_runs_exports_directory(runs, capsys):
     assert main(["export", str(runs["qwen2"]), "--format", "gguf", "--quant", "f16", "--no-verify"]) == 0
     written = list((runs["qwen2"] / "exports").glob("gguf-f16-step*/*.gguf"))
     assert len(written) == 1 and "export.md" in capsys.readouterr().out
-    assert main(["export", str(runs["qwen2"]), "--format", "gguf", "--quant", "q4_k_m"]) == 2
-    assert "bf16, f16, q8_0, q4_0" in capsys.readouterr().err
+    assert main(["export", str(runs["qwen2"]), "--format", "gguf", "--quant", "q3_k_m"]) == 2
+    assert "bf16, f16, q8_0, q4_k_m, q4_0" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- the real demo model
@@ -248,3 +248,43 @@ def test_the_page_exports_a_finished_runs_checkpoint_into_the_run(runs, monkeypa
     *_, (refused, _) = handlers.export(policy, "full", other, "gguf", "bf16", "")
     assert "checkpoints of the chosen run only" in refused
     assert "outside the runs directory" in policy.export_problem(runs["full"], ckpt, root.parent / "elsewhere")
+
+
+# ---------------------------------------------------------------------------- K-quants (not in the gguf package)
+def test_k_quant_blocks_read_back_with_ggufs_own_dequantize():
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    from cpu_grpo.export import kquants
+
+    x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32) * 0.05
+    x[0, :256] = np.abs(x[0, :256])  # a block with no negative value: min 0
+    x[1] = 0.0  # a block of zeros: scales 0, no division by zero
+    for quantize, qtype, rel in ((kquants.quantize_q4_k, T.Q4_K, 0.09), (kquants.quantize_q6_k, T.Q6_K, 0.025)):
+        back = dequantize(quantize(x), qtype)
+        assert back.shape == x.shape and np.all(back[1] == 0)
+        assert np.sqrt(((back - x) ** 2).mean()) / x.std() < rel  # Q4_0 here: 0.085, Q5_0: 0.041, Q8_0: 0.005
+
+
+def test_q4_k_m_picks_llama_quantizes_types(tmp_path, tiny_model):
+    """A 2-layer model with rows of 256: Q4_K, Q6_K for attn_v/ffn_down of the last layer and the tied head's
+    embeddings (llama.cpp's use_more_bits), Q5_0 where a row is not a multiple of 256; read back by transformers."""
+    import torch
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=320,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=True)).eval()
+    path = tmp_path / "m.gguf"
+    gguf_mod.write(model, tok, Path(tiny_model), path, "q4_k_m", "tiny", tok.chat_template)
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["blk.0.attn_q.weight"] == "Q4_K" and types["blk.0.attn_v.weight"] == "Q4_K"
+    assert types["blk.1.attn_v.weight"] == "Q6_K" and types["token_embd.weight"] == "Q6_K"
+    assert types["blk.0.ffn_down.weight"] == "Q5_0"  # rows of 320
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
+    w, v = model.model.layers[0].self_attn.q_proj.weight, back.model.layers[0].self_attn.q_proj.weight
+    assert float((w - v).pow(2).mean().sqrt() / w.std()) < 0.09  # rope permutation undone, blocks in place

@@ -2,10 +2,11 @@
 
 Tensor names, metadata keys and the tokenizer fields follow llama.cpp's convert_hf_to_gguf.py (LlamaModel,
 Qwen2Model): q and k of llama-style models are permuted for llama.cpp's rotary layout; norms and biases stay
-F32; a tied output head is not written (llama.cpp reuses token_embd). The quantizations are those the installed
-`gguf` package can compute (gguf.quants.quantize): bf16, f16, q8_0 and q4_0 (q4_0 keeps token_embd and output in
-q8_0, as llama-quantize keeps them above 4 bits). K-quants (q4_k_m) are not in the package: `QUANTS` names
-what is.
+F32; a tied output head is not written (llama.cpp reuses token_embd). Quantizations: bf16, f16, q8_0 and q4_0 by
+the `gguf` package (q4_0 keeps token_embd and output in q8_0, as llama-quantize keeps them above 4 bits), and
+q4_k_m with llama-quantize's choice of type per tensor (Q6_K for the output head and for attn_v and ffn_down of
+some layers, Q4_K elsewhere; rows whose length is not a multiple of 256 fall back to Q8_0 and Q5_0 as llama.cpp
+does) and Q4_K/Q6_K blocks from kquants.py, since the package cannot write K-quants.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from ..errors import UserError
 
 # the model types on the project's fast path (engine.llama.ARCHS), as llama.cpp names their architecture
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-QUANTS = ("bf16", "f16", "q8_0", "q4_0")
-UNAVAILABLE = {"q4_k_m": "the gguf package installed here cannot compute K-quants (Q4_K, Q6_K)",
-               "q4_k": "the gguf package installed here cannot compute K-quants (Q4_K, Q6_K)"}
+QUANTS = ("bf16", "f16", "q8_0", "q4_k_m", "q4_0")
+UNAVAILABLE = {k: "the other K-quant mixes are not written here" for k in ("q4_k_s", "q5_k_m", "q5_k_s", "q6_k",
+                                                                            "q3_k_m", "q2_k")}
 _PER_LAYER = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -67,25 +68,58 @@ def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tensor_type(name: str, data: np.ndarray, quant: str):
-    """The GGML type of one tensor under `quant`: 1-D tensors F32, rows that do not fit the block size F16."""
+def more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers and every third one between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def _q4_k_m(name: str, n_layers: int, tied: bool):
+    from gguf import GGMLQuantizationType as T
+
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return T.Q6_K
+    if name.endswith((".attn_v.weight", ".ffn_down.weight")) and more_bits(int(name.split(".")[1]), n_layers):
+        return T.Q6_K
+    return T.Q4_K
+
+
+def tensor_type(name: str, data: np.ndarray, quant: str, n_layers: int = 0, tied: bool = False):
+    """The GGML type of one tensor under `quant`: 1-D tensors F32; rows that do not fit the block size fall back
+    (Q4_K to Q5_0, Q6_K to Q8_0, as llama-quantize does; anything else to F16)."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
     if data.ndim < 2:
         return T.F32
-    wanted = {"bf16": T.BF16, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[quant]
+    if quant == "q4_k_m":
+        wanted = _q4_k_m(name, n_layers, tied)
+    else:
+        wanted = {"bf16": T.BF16, "f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[quant]
     if quant == "q4_0" and name in ("token_embd.weight", "output.weight"):
         wanted = T.Q8_0
     if data.shape[-1] % GGML_QUANT_SIZES[wanted][0]:
-        return T.F16
-    return wanted
+        wanted = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}.get(wanted, T.F16)
+    return wanted if data.shape[-1] % GGML_QUANT_SIZES[wanted][0] == 0 else T.F16
+
+
+def quantize(data: np.ndarray, qtype) -> np.ndarray:
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    from . import kquants
+
+    if qtype == T.Q4_K:
+        return kquants.quantize_q4_k(data)
+    if qtype == T.Q6_K:
+        return kquants.quantize_q6_k(data)
+    return quants.quantize(data, qtype)
 
 
 def file_type(quant: str):
     from gguf import LlamaFileType as F
 
-    return {"bf16": F.MOSTLY_BF16, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0}[quant]
+    return {"bf16": F.MOSTLY_BF16, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0, "q4_0": F.MOSTLY_Q4_0,
+            "q4_k_m": F.MOSTLY_Q4_K_M}[quant]
 
 
 def rope_theta(config) -> float:
@@ -177,7 +211,6 @@ def _array(t) -> np.ndarray:
 
 def add_tensors(w, model, quant: str, log=print) -> dict[str, int]:
     """Every tensor llama.cpp needs, converted and quantized; returns how many tensors of each GGML type."""
-    import gguf
 
     config = model.config
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
@@ -194,8 +227,8 @@ def add_tensors(w, model, quant: str, log=print) -> dict[str, int]:
             data = permute_rope(data, n_head)
         elif ARCHS[config.model_type] == "llama" and ".attn_k." in name:
             data = permute_rope(data, n_kv)
-        qtype = tensor_type(name, data, quant)
-        out = gguf.quants.quantize(data, qtype)
+        qtype = tensor_type(name, data, quant, config.num_hidden_layers, tied)
+        out = quantize(data, qtype)
         w.add_tensor(name, out, raw_dtype=qtype)
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
     return counts

@@ -21,7 +21,7 @@ def torch_dtype(quant: str):
 
     if quant not in DTYPES:
         raise UserError(f"--format hf writes weights as {', '.join(DTYPES)}, not {quant}: quantized files are "
-                        "--format gguf (bf16, f16, q8_0, q4_0).")
+                        "--format gguf (bf16, f16, q8_0, q4_k_m, q4_0).")
     return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[quant]
 
 

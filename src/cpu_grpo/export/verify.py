@@ -3,7 +3,7 @@
 Exact formats (hf, peft, bf16/f16 GGUF): the prompts tokenized alike, greedy completions identical on held-out
 prompts, and the largest logit difference, against the checkpoint's weights rounded as the file stores them (so that
 any difference is the writer's fault, not the precision's) and, at each prompt's next token, against the unrounded
-checkpoint. Quantized GGUF (q8_0, q4_0): held-out accuracy of the exported model and the checkpoint on the same
+checkpoint. Quantized GGUF (q8_0, q4_k_m, q4_0): held-out accuracy of the exported model and the checkpoint on the same
 problems, paired (Newcombe's interval, McNemar's exact p: eval.stats).
 """
 
