@@ -196,7 +196,7 @@ def add_tokenizer(w, tok, tok_dir: Path, model_type: str, vocab_size: int, templ
     special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=len(tokens))
     special.chat_template = template
     # prompts were encoded without special tokens added (rollout.encode_prompts): say so, or llama.cpp adds a BOS
-    special.add_special_token = {"bos": bool(tok("a").input_ids[:1] == [tok.bos_token_id])}
+    special.add_special_token = {"bos": False}
     for kind in ("bos", "eos", "pad"):  # the ids the run used (its tokenizer's), whatever tokenizer.json says
         if getattr(tok, f"{kind}_token_id", None) is not None:
             special.special_token_ids[kind] = getattr(tok, f"{kind}_token_id")
