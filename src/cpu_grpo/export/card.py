@@ -36,7 +36,8 @@ def _usage(src: source.Source, req, out_name: str, files: dict, command: str) ->
              "`--jinja` renders the chat template stored in the file, which appends the instruction; without it "
              "llama.cpp picks a built-in template by name and the instruction must be typed after the question."]
     if command:
-        lines += ["", "Ollama (Modelfile beside the GGUF: TEMPLATE and SYSTEM as the run asked, its stop tokens):", "",
+        lines += ["", "Ollama (Modelfile beside the GGUF: TEMPLATE and SYSTEM as the run asked, its stop tokens, the "
+                  "rollouts' temperature; the accuracy below is greedy: `/set parameter temperature 0`):", "",
                   "```bash", command, "```"]
     return lines
 
@@ -49,7 +50,7 @@ def _prompt_section(src: source.Source, example: str, template_carries: bool) ->
     system = [f"and with this system prompt first: `{src.system}`.", ""] if src.system else []
     return ["## The prompt the model learned", "",
             "The run asked every question as one user message: the question, a newline, then this instruction:", "",
-            "```text", src.instruction or "(no instruction)", "```", "", *system, where,
+            "```text", src.instruction or "(no instruction)", "```", "", *system, where, "",
             "A question as the model saw it in training (copy-paste this shape into any runner):", "",
             "```text", example, "```", ""]
 
