@@ -63,7 +63,7 @@ def configs(layers: int) -> dict:
 def measure(model, fast: bool, prompts: list[list[int]], g: int, new: int, reps: int) -> tuple[float, float]:
     """(rollout tokens/s, update seconds), best of `reps` after one warm-up."""
     sampler = Sampler(model, fast=fast)
-    s = Sampling(new, (-1,), 0, temperature=1.0)
+    s = Sampling(new, (model.config.vocab_size - 1,), 0, temperature=1.0)  # a stop token random weights rarely draw
     supports = llama.supports
     llama.supports = (lambda m: supports(m)) if fast else (lambda m: False)
     try:
@@ -95,8 +95,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32, help="new tokens a completion")
     ap.add_argument("--prompt-len", type=int, default=80)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: one per physical core); on a "
+                    "machine others are using, 1 (every parallel op otherwise waits for a descheduled thread)")
     args = ap.parse_args()
-    threads = set_threads()
+    threads = set_threads(args.threads)
     print(f"{time.strftime('%Y-%m-%d %H:%M')} UTC, {threads} threads, {args.layers} layers, {args.prompts} prompts x "
           f"{args.samples} samples x {args.new} tokens, prompts of {args.prompt_len} tokens, best of {args.reps}")
     print("| architecture (width of) | params | fast rollout tok/s | generic tok/s | x | fast update s | generic s | x "
