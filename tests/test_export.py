@@ -288,3 +288,18 @@ def test_q4_k_m_picks_llama_quantizes_types(tmp_path, tiny_model):
     back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32)
     w, v = model.model.layers[0].self_attn.q_proj.weight, back.model.layers[0].self_attn.q_proj.weight
     assert float((w - v).pow(2).mean().sqrt() / w.std()) < 0.09  # rope permutation undone, blocks in place
+
+
+def test_modelfile_template_keeps_the_default_system_prompt(tiny_model):
+    """A ChatML template that adds a system turn when none is given (SmolLM2's, Qwen's): TEMPLATE gets {{ .System }}
+    and SYSTEM the default, so that Ollama renders the run's prompt exactly."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    template = ("{% for m in messages %}{% if loop.first and m['role'] != 'system' %}{{ '<|im_start|>system\nBe "
+                "brief.<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n'"
+                " }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    go, system = prompt.single_turn(tok, template, INSTRUCTION)
+    assert system == "Be brief." and go == ("<|im_start|>system\n{{ .System }}<|im_end|>\n<|im_start|>user\n"
+                                            f"{{{{ .Prompt }}}}\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.single_turn(tok, template, INSTRUCTION, "Think.")[1] == "Think."  # the run's own system prompt
