@@ -117,7 +117,7 @@ def test_missing_empty_and_bad_options(tmp_path):
 # ---------------------------------------------------------------------------- Hugging Face
 def test_hf_without_datasets_says_how_to_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
-    with pytest.raises(TaskError, match=r"pip install datasets.*local \.jsonl path"):
+    with pytest.raises(TaskError, match=r"needs the 'datasets' package: pip install 'cpu-grpo\[data\]'.*\.jsonl"):
         load_task("hf:openai/gsm8k")
 
 
@@ -126,11 +126,12 @@ def test_hf_unreachable_hub_says_how_to_fix(monkeypatch):
         raise ConnectionError("no network")
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
-    with pytest.raises(TaskError, match=r"could not load 'openai/gsm8k'.*ConnectionError.*local \.jsonl"):
-        loaders.load_hf()
+    with pytest.raises(TaskError, match=r"could not load 'openai/gsm8k'.*ConnectionError.*local file"):
+        load_task("hf:openai/gsm8k:main:test")
 
 
 def test_hf_rows_convert_like_jsonl(monkeypatch):
+    """hf:NAME[:config][:split]; a split named alone (hf:NAME:test) is a split, as before configs were named."""
     calls = []
 
     def fake(name, config, split):
@@ -138,9 +139,9 @@ def test_hf_rows_convert_like_jsonl(monkeypatch):
         return [{"question": "q1?", "answer": "w\n#### 1,000"}, {"question": "q2?", "answer": "#### 2"}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=fake))
-    data = load_task("hf:openai/gsm8k", n=1, split="test")
+    data = load_task("hf:openai/gsm8k:main:test", n=1, split=None)  # a split named: all of it (a run splits it)
     assert [(e.answer, e.id, e.difficulty) for e in data] == [("1000", "openai/gsm8k:test:0", "gsm8k")]
-    assert len(load_task("hf:me/data:train")) == 2
-    assert calls == [("openai/gsm8k", "main", "test"), ("me/data", "main", "train")]
+    assert len(load_task("hf:me/data:train", split=None)) == 2
+    assert calls == [("openai/gsm8k", "main", "test"), ("me/data", None, "train")]
     with pytest.raises(TaskError, match="needs a dataset name"):
         load_task("hf:")

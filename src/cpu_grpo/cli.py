@@ -71,39 +71,49 @@ def cmd_eval(args) -> int:
     if args.samples < 0 or (args.samples > 0 and args.temperature <= 0):
         print("cpu-grpo: --samples must be >= 0, and sampling needs --temperature > 0.", file=sys.stderr)
         return 2
-    from .data.loaders import load_task
+    from .data.generated import GENERATED
+    from .data.loaders import RowFormat, load_task
+    from .data.rewards import check_columns
     from .data.tasks import levels_of
     from .engine.models import load_model, set_threads
     from .engine.rollout import Sampler, Sampling, stop_ids
-    from .eval.evaluate import run_eval, run_sampled
+    from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
 
-    instruction = args.instruction if args.instruction is not None else _instruction_of(args.model)
+    trained = _trained_with(args.model)  # a checkpoint is asked the way it was trained, unless told otherwise
+    ask = {k: getattr(args, k) if getattr(args, k) is not None else trained[k]
+           for k in ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward")}
     set_threads()
-    n = 250 if args.n is None and levels_of(args.task) else args.n  # a generated level has no end
-    examples = load_task(args.task, n=n, seed=args.seed, split=None,
-                         on_error="skip" if args.skip_bad_lines else "raise")
+    n = 250 if args.n is None and (levels_of(args.task) or args.task in GENERATED) else args.n  # generated: no end
+    examples = load_task(args.task, n=n, seed=args.seed, split=None, on_error="skip" if args.skip_bad_lines else
+                         "raise", fmt=RowFormat.parse(ask["prompt_column"], ask["column_map"]))
+    judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens)
+    check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
     model, tok = load_model(args.model, args.trust_remote_code)
     sampler, stops = Sampler(model), stop_ids(tok, model)
+    instruction, system = ask["instruction"], ask["system_prompt"]
     if args.samples > 0:
         sampling = Sampling(args.max_new_tokens, stops, tok.pad_token_id, args.temperature)
-        records = run_sampled(sampler, tok, examples, instruction, sampling, args.samples, args.seed, args.output)
+        records = run_sampled(sampler, tok, examples, instruction, sampling, args.samples, args.seed, args.output,
+                              system=system, judge=judge)
         print(sampled_table(sampled_summary(records)))
         return 0
     greedy = Sampling(args.max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
-    records = run_eval(sampler, tok, examples, instruction, greedy, args.output)
+    records = run_eval(sampler, tok, examples, instruction, greedy, args.output, system=system, judge=judge)
     print(level_tables(metric_summary(records)))
     return 0
 
 
-def _instruction_of(model: str) -> str:
-    """The instruction a checkpoint was trained with (its train_config.yaml), else the training default."""
+def _trained_with(model: str) -> dict:
+    """The fields a checkpoint was trained with (its train_config.yaml) that say how to ask and judge it, else the
+    training defaults."""
     from pathlib import Path
 
     saved = Path(model) / "train_config.yaml"
-    if saved.is_file():
-        return str(config_mod.load_file(saved).get("instruction", config_mod.TrainConfig.instruction))
-    return config_mod.TrainConfig.instruction
+    mine = config_mod.load_file(saved) if saved.is_file() else {}
+    fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards")
+    return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
+            list(mine.get("rewards") or ["correctness"]) for k in fields}
 
 
 def cmd_compare(args) -> int:
@@ -228,15 +238,23 @@ def _training_commands(sub) -> None:
     p.set_defaults(func=cmd_train, default_profile="demo")
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
-    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | gsm8k | gsm8k-train | "
-                   "those joined by + (basic+intermediate, advanced+gsm8k) | path.jsonl (the whole file) | hf:NAME")
+    p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | countdown | code | gsm8k | "
+                   "gsm8k-train | levels joined by + | a data file or saved dataset (the whole of it, or its test "
+                   "split) | hf:NAME[:config][:split]")
     p.add_argument("--n", type=int, default=None, help="number of problems (default: 250 of a generated level; "
                    "all of a file, of GSM8K's 1,319 test problems or of a hub dataset, as lm-eval does)")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "
                    "and of sampling")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--instruction", default=None, help="text appended to every question (default: the one a "
-                   "checkpoint was trained with, from its train_config.yaml; else the training default)")
+    p.add_argument("--instruction", default=None, help="text appended to every math question (default for this and "
+                   "the four below: what a checkpoint was trained with, from its train_config.yaml; else the training "
+                   "default)")
+    p.add_argument("--system-prompt", default=None, help="a system turn before every prompt")
+    p.add_argument("--prompt-column", default=None, help="the column of a data file that holds the prompt")
+    p.add_argument("--column-map", default=None, help="columns renamed first, 'yours:ours,...'")
+    p.add_argument("--correct-reward", default=None, help="the reward (0/1) that decides correct: a builtin "
+                   "(exact_match, choice, regex, json, math, countdown, code, ...) or file.py:function; default: math "
+                   "problems by their answer, rows of your own by a checkpoint's first reward")
     p.add_argument("--output", default=None, help="write per-problem records to this JSONL file")
     p.add_argument("--samples", type=int, default=0, metavar="K", help="draw K sampled completions per problem "
                    "and report pass@1..K and majority-vote@K instead of greedy accuracy (default 0: greedy)")

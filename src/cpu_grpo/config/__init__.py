@@ -279,8 +279,8 @@ def save(cfg: TrainConfig, path: str | Path) -> None:
 
 def reference() -> str:
     """docs/config.md: every field with its default and help, and the profiles (`make docs` writes it)."""
-    intro = ("Generated from `src/cpu_grpo/config/__init__.py` by `make docs`: do not edit. Every field is a YAML key and a "
-             "`--flag` (underscores as dashes); precedence: defaults < `--profile` < `--config` file < "
+    intro = ("Generated from `src/cpu_grpo/config/__init__.py` by `make docs`: do not edit. Every field is a YAML key "
+             "and a `--flag` (underscores as dashes); precedence: defaults < `--profile` < `--config` file < "
              "`--field value`.")
     rows = ["# Config reference", "", intro, ""]
     for f in fields(TrainConfig):

@@ -1,18 +1,21 @@
-"""Problems from files and datasets: GSM8K-format JSON lines (yours, or the GSM8K shipped in the package) and
-Hugging Face datasets; `load_task` turns any task spec (a level, "mix", "gsm8k", a path, "hf:NAME") into Examples.
+"""Problems from any task spec: a generated level or task, the GSM8K shipped in the package, or rows of your own
+(a file, a saved dataset, hf:NAME) in TRL's convention: a `prompt` column (text or chat messages) and any other
+columns, which reach the reward functions by name. Rows without a prompt column are read as GSM8K (`question`,
+and an `answer` ending in '#### <number>'), so GSM8K-format files work as they are.
 
-A file of your own is split like the generated levels (tasks.split_of, a hash of each question), so a held-out
-problem is never trained on; the shipped GSM8K keeps its own train and test files.
+The held-out split of rows of your own is a fixed function of the prompt text (tasks.split_of), or the dataset's
+own test split when it has one, so a held-out row is never trained on; the shipped GSM8K keeps its own files.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import warnings
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from . import files
+from .generated import GENERATED, generate_task
 from .tasks import (
     UNKNOWN,
     Example,
@@ -25,11 +28,57 @@ from .tasks import (
     split_of,
 )
 
+GSM8K_DIR = Path(__file__).parent / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
+DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.jsonl"},
+            "gsm8k-train": {"train": "train.jsonl", "test": "test.jsonl", None: "train.jsonl"}}
 
-def _example(row: object, id_: str) -> Example:
-    """A GSM8K-style {"question", "answer": "...#### 18"} row as an Example; ValueError if malformed."""
-    if not isinstance(row, dict):
-        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+
+@dataclass(frozen=True)
+class RowFormat:
+    """How a row becomes an Example: the column that holds the prompt, and columns renamed before that."""
+
+    prompt_column: str = "prompt"
+    renames: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, prompt_column: str = "prompt", column_map: str = "") -> RowFormat:
+        """From a prompt column and a column map as config fields write them ('problem:prompt,solution:answer')."""
+        pairs = [pair.split(":", 1) for pair in column_map.split(",") if pair.strip()]
+        return cls(prompt_column, tuple((a.strip(), b.strip()) for a, b in pairs))
+
+
+def to_example(row: dict, id_: str, fmt: RowFormat = RowFormat(), name: str = "") -> Example:
+    """A row as an Example: with the prompt column, a row of your own; else a GSM8K row. ValueError says what is
+    wrong with it."""
+    renames = dict(fmt.renames)
+    row = {renames.get(k, k): v for k, v in row.items()}
+    if fmt.prompt_column in row:
+        return _own_example(row, id_, fmt.prompt_column, name)
+    if "question" in row or "answer" in row:
+        return _gsm8k_example(row, id_)
+    raise ValueError(f"no {fmt.prompt_column!r} column (its columns: {', '.join(map(repr, row)) or 'none'}): name "
+                     "the prompt's column with --prompt-column, or rename columns with --column-map 'yours:prompt'")
+
+
+def _own_example(row: dict, id_: str, column: str, name: str) -> Example:
+    prompt = row[column]
+    chat = isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
+    if chat:
+        question, messages = "\n".join(m["content"] for m in prompt), tuple(dict(m) for m in prompt)
+    elif isinstance(prompt, str) and prompt.strip():
+        question, messages = prompt, ()
+    else:
+        raise ValueError(f"the {column!r} column must be non-empty text or a list of chat messages "
+                         "({'role': ..., 'content': ...})")
+    answer, level = row.get("answer"), row.get("level") or row.get("difficulty") or name
+    columns = {k: v for k, v in row.items() if k != column}
+    return Example(question, "" if answer is None else str(answer), str(level), id=id_, messages=messages,
+                   columns=columns, math=False)
+
+
+def _gsm8k_example(row: dict, id_: str) -> Example:
+    """A GSM8K-style {"question", "answer": "...#### 18"} row; ValueError if malformed."""
     question, answer = row.get("question"), row.get("answer")
     if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
         raise ValueError("needs a non-empty 'question' and an 'answer' string")
@@ -40,106 +89,89 @@ def _example(row: object, id_: str) -> Example:
         gold = canonical_number(Fraction(gold))
     except (ValueError, ZeroDivisionError):
         pass  # not a number: keep the text as written
-    return Example(question, gold, str(row.get("difficulty") or row.get("level") or "gsm8k"), answer, id_)
+    extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
+    return Example(question, gold, str(row.get("difficulty") or row.get("level") or "gsm8k"), answer, id_,
+                   columns=extra)
+
+
+def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt: RowFormat = RowFormat(),
+              on_error: str = "raise") -> list[Example]:
+    """The examples of a file, a saved dataset or hf:NAME in `split` (None: the whole file, or a dataset's own test
+    split), at most `n`, in order. Rows that cannot be read stop the load with `file:line` and the fix, or are
+    skipped with one warning (on_error="skip")."""
+    if on_error not in ("raise", "skip"):
+        raise TaskError(f"on_error must be 'raise' or 'skip', got '{on_error}'.")
+    bad: list[tuple[str, str]] = []
+    rows = files.read(spec, on_error, bad, limit=n if split is None else None)
+    pairs = rows.train if rows.test is None or split == "train" else rows.test
+    name = Path(spec).stem if not spec.startswith("hf:") else spec[3:].split(":")[0]
+    out = []
+    for id_, row in pairs:
+        if n is not None and split is None and len(out) >= n:
+            break
+        try:
+            out.append(to_example(row, id_, fmt, name))
+        except ValueError as e:
+            where = Path(spec).with_name(id_) if files.is_file_spec(spec) else id_
+            if on_error == "raise":
+                raise TaskError(f"{where}: {e}. Fix the line or pass --skip-bad-lines to skip it.") from None
+            bad.append((id_.rsplit(":", 1)[-1], str(e)))
+    if bad:
+        warnings.warn(f"{spec}: skipped {len(bad)} malformed line(s), first at line {bad[0][0]}: {bad[0][1]}",
+                      stacklevel=2)
+    if not out:
+        raise TaskError(f"{spec}: no examples found: each row needs a {fmt.prompt_column!r} (text or chat messages), "
+                        "or GSM8K's 'question' and an 'answer' ending in '#### <number>'.")
+    _check_columns(out, spec)
+    if rows.test is not None or split is None:
+        return out[:n]
+    mine = [ex for ex in out if split_of(ex.question) == split]
+    if not mine:
+        raise TaskError(f"{spec}: none of its questions falls in the {split} split (a fifth of them, by a hash "
+                        "of the text, is held out): give a file with more problems.")
+    return mine[:n]
+
+
+def _check_columns(examples: list[Example], spec: str) -> None:
+    """One type per column (numbers count as one), so that a reward never meets a surprise on row 9,000."""
+    seen: dict[str, tuple[str, str]] = {}
+    for ex in examples:
+        for key, value in ex.columns.items():
+            if value is None:
+                continue
+            kind = "number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+            first = seen.setdefault(key, (kind, ex.id))
+            if first[0] != kind:
+                raise TaskError(f"{spec}: column {key!r} holds {first[0]} ({first[1]}) and {kind} ({ex.id}): give "
+                                "one type per column.")
 
 
 def load_jsonl(path: str | Path, on_error: str = "raise", limit: int | None = None) -> list[Example]:
-    """Examples from a GSM8K-format JSON-lines file, at most `limit`; on_error="skip" skips bad lines."""
-    if on_error not in ("raise", "skip"):
-        raise TaskError(f"on_error must be 'raise' or 'skip', got '{on_error}'.")
-    p = Path(path)
-    if not p.is_file():
-        raise TaskError(f"data file not found: {path}: check the path, or use a generated level "
-                        "(basic, intermediate, advanced, mix).")
-    try:
-        lines = p.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError:
-        raise TaskError(f"{path}: not UTF-8 text: pass a .jsonl file, one JSON object per line.") from None
-    out: list[Example] = []
-    bad: list[tuple[int, str]] = []
-    for lineno, line in enumerate(lines, 1):
-        if limit is not None and len(out) >= limit:
-            break
-        if not line.strip():
-            continue
-        try:
-            out.append(_example(json.loads(line), f"{p.name}:{lineno}"))
-        except ValueError as e:  # json.JSONDecodeError is a ValueError too
-            reason = f"invalid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
-            if on_error == "raise":
-                raise TaskError(f"{path}:{lineno}: {reason}. Fix the line or pass --skip-bad-lines to "
-                                "skip it.") from None
-            bad.append((lineno, reason))
-    if bad:
-        warnings.warn(f"{path}: skipped {len(bad)} malformed line(s), first at line {bad[0][0]}: {bad[0][1]}",
-                      stacklevel=2)
-    if not out:
-        raise TaskError(f"{path}: no examples found: each line must be a JSON object with a 'question' and "
-                        "an 'answer' ending in '#### <number>'.")
-    return out
-
-
-def load_hf(name: str = "openai/gsm8k", split: str = "test", config: str = "main",
-            limit: int | None = None) -> list[Example]:
-    """Examples from a GSM8K-format dataset on the Hugging Face hub (needs `datasets` and a network)."""
-    try:
-        import datasets
-    except ImportError:
-        raise TaskError("the 'datasets' package is not installed: run `pip install datasets`, "
-                        "or pass a local .jsonl path instead.") from None
-    try:
-        rows = datasets.load_dataset(name, config, split=split)
-    except Exception as e:  # offline, or an unknown name/config/split: all for the user to fix
-        raise TaskError(f"could not load '{name}' (config '{config}', split '{split}') from the Hugging Face "
-                        f"hub ({type(e).__name__}): check the name and your network, or pass a local .jsonl "
-                        "path instead.") from None
-    out: list[Example] = []
-    for i, row in enumerate(itertools.islice(rows, limit)):
-        try:
-            out.append(_example(row, f"{name}:{split}:{i}"))
-        except ValueError as e:
-            raise TaskError(f"{name}:{split}:{i}: {e}: use a GSM8K-format dataset instead.") from None
-    if not out:
-        raise TaskError(f"'{name}' split '{split}' has no examples: pick another split or dataset.")
-    return out
-
-
-GSM8K_DIR = Path(__file__).parent / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
-DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.jsonl"},
-            "gsm8k-train": {"train": "train.jsonl", "test": "test.jsonl", None: "train.jsonl"}}
+    """Every example of a JSON-lines file in file order (GSM8K rows or rows of your own), at most `limit`."""
+    return load_file(str(path), None, limit, on_error=on_error)
 
 
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
-              on_error: str = "raise") -> list[Example]:
-    """Problems named by `spec`: a level, "mix", "gsm8k", "gsm8k-train", those joined by "+", a .jsonl path or
-    "hf:NAME[:split]".
+              on_error: str = "raise", fmt: RowFormat = RowFormat()) -> list[Example]:
+    """Problems named by `spec`: a level, "mix", a generated task (countdown, code), "gsm8k", "gsm8k-train", levels
+    joined by "+", a file, a saved dataset or "hf:NAME[:config][:split]".
 
-    Levels give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained on
-    its train file and held out from its test file; "gsm8k-train" is the same in a run, and its train file
-    for split None (`cpu-grpo eval --task gsm8k-train`: training problems). A file of your own is split like the
-    generated levels, by a hash of each question, so a held-out problem is never trained on; split None
-    takes the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in file order.
-    "hf:NAME" reads `split` unless the spec names one ("hf:openai/gsm8k:test"). Joined tasks give `n` (500 when
-    None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
+    Generated tasks give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained
+    on its train file and held out from its test file; "gsm8k-train" is the same in a run, and its train file for
+    split None (`cpu-grpo eval --task gsm8k-train`: training problems). Rows of your own are split by a hash of
+    each prompt (or by the dataset's own test split), so a held-out problem is never trained on; split None takes
+    the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in order. Joined tasks give
+    `n` (500 when None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
     """
     if levels_of(spec):
         return generate(spec, 500 if n is None else n, seed, split or "test")
+    if spec in GENERATED:
+        return generate_task(spec, 500 if n is None else n, seed, split or "test")
     if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
         return in_equal_shares(parts, 500 if n is None else n,
-                               lambda part, k: load_task(part, k, seed, split, on_error))
+                               lambda part, k: load_task(part, k, seed, split, on_error, fmt))
     if spec in DATASETS:
         return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)
-    if spec.startswith("hf:"):
-        name, _, hf_split = spec[3:].partition(":")
-        if not name:
-            raise TaskError("'hf:' needs a dataset name: e.g. hf:openai/gsm8k or hf:openai/gsm8k:test.")
-        return load_hf(name, hf_split or split or "test", limit=n)
-    if spec.endswith(".jsonl") or Path(spec).is_file():
-        if split is None:
-            return load_jsonl(spec, on_error, limit=n)
-        mine = [ex for ex in load_jsonl(spec, on_error) if split_of(ex.question) == split]
-        if not mine:
-            raise TaskError(f"{spec}: none of its questions falls in the {split} split (a fifth of them, by a hash "
-                            "of the text, is held out): give a file with more problems.")
-        return mine[:n]
+    if spec.startswith("hf:") or files.is_file_spec(spec):
+        return load_file(spec, split, n, fmt, on_error)
     raise TaskError(UNKNOWN.format(spec))

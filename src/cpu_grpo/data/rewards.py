@@ -16,12 +16,14 @@ import inspect
 import math
 import re
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import RewardError
+from . import verifiers
 from .answers import NUMBER, answers_match, completion_text, extract_answer
 
 RewardFn = Callable[..., list[float]]
@@ -160,6 +162,15 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,
     "format": format_reward,
+    # verifiers for tasks of your own (verifiers.py)
+    "exact_match": verifiers.exact_match_reward,
+    "choice": verifiers.choice_reward,
+    "regex": verifiers.regex_reward,
+    "json": verifiers.json_reward,
+    "math": verifiers.math_reward,
+    "countdown": verifiers.countdown_reward,
+    "code": verifiers.code_reward,
+    "answer_tag": verifiers.answer_tag_reward,
 }
 BUILTIN_NAMES = (*BUILTIN_REWARDS, "overlong")  # overlong is built for the run's completion limit
 
@@ -265,3 +276,68 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
             f"reward {spec!r}: {where} {problem}; available: {', '.join(_own_functions(module)) or 'none'}"
         )
     return _named(fn, name)
+
+
+# ---------------------------------------------------------------------------- calling them on rows
+ALWAYS = ("answer", "difficulty", "question", "prompts", "completion_ids")  # columns every row gives
+
+
+def reward_columns(examples: Sequence, g: int = 1) -> dict[str, list]:
+    """The keyword columns of a reward call on `g` completions of each example, aligned with the completions: the
+    row's answer, level and question, `prompts` (the prompt as the row gives it: text or chat messages, as TRL
+    passes it), and every column of the row by its own name (which wins over the standard ones)."""
+    names = dict.fromkeys(k for ex in examples for k in ex.columns)
+    rows = [ex for ex in examples for _ in range(g)]
+    return {"answer": [ex.answer for ex in rows], "difficulty": [ex.difficulty for ex in rows],
+            "question": [ex.question for ex in rows],
+            "prompts": [list(ex.messages) if ex.messages else ex.question for ex in rows],
+            **{k: [ex.columns.get(k) for ex in rows] for k in names}}
+
+
+def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str) -> None:
+    """Every column a reward function requires (a parameter without a default) is in the data, or one sentence
+    that names it, the columns there are, and the flag that maps one; before anything is trained or evaluated."""
+    have = set(ALWAYS) | {k for ex in examples for k in ex.columns}
+    for fn in fns:
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+            continue
+        need = [p.name for p in params if p.default is p.empty and p.name != "completions"
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing := [name for name in need if name not in have]:
+            own = sorted(have - set(ALWAYS)) or ["none of its own"]
+            raise RewardError(f"reward {fn.__name__} needs column {missing[0]!r}, which task {task} lacks (its "
+                              f"columns: {', '.join(own)}; every row also gives {', '.join(ALWAYS)}): rename one with "
+                              f"--column-map 'yours:{missing[0]}', or use a reward that reads the columns there")
+
+
+def call_reward(fn: RewardFn, completions: list, columns: dict, ids: Sequence[str], log=print) -> list[float]:
+    """fn on the completions; when it raises, again one completion at a time: those on which it raises score 0,
+    with one warning that names the function, the first row and where it raised; if it raises on every one, the
+    run stops with that sentence. A wrong return (shape or type) stops it at once: that is a bug, not a row."""
+    name = getattr(fn, "__name__", "reward")
+    try:
+        return as_scores(name, fn(completions=completions, **columns), len(completions))
+    except RewardError:
+        raise
+    except Exception:  # one row may be the cause: find it
+        pass
+    values, failed = [], []
+    for i, completion in enumerate(completions):
+        try:
+            values += as_scores(name, fn(completions=[completion], **{k: v[i:i + 1] for k, v in columns.items()}), 1)
+        except RewardError:
+            raise
+        except Exception as e:
+            values.append(0.0)
+            failed.append((ids[i], e))
+    if failed:
+        row, e = failed[0]
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        what = (f"reward function {name} raised {type(e).__name__} ({str(e)[:120]}) at {where.filename}:"
+                f"{where.lineno} on row {row}")
+        if len(failed) == len(completions):
+            raise RewardError(f"{what}, and on every other completion of the step: fix the function")
+        log(f"warning: {what} and {len(failed) - 1} more of {len(completions)} completions: those scored 0")
+    return values

@@ -25,8 +25,9 @@ LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
 SHIPPED = ("gsm8k", "gsm8k-train")  # the datasets inside the package (loaders.DATASETS)
-UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, gsm8k, gsm8k-train, those joined by "
-           "'+' (basic+intermediate, advanced+gsm8k), a .jsonl path, or hf:NAME.")
+UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, countdown, code, gsm8k, gsm8k-train, "
+           "levels joined by '+' (basic+intermediate, advanced+gsm8k), a data file (.jsonl, .json, .csv, .parquet), a "
+           "dataset saved with save_to_disk, or hf:NAME.")
 
 
 def parts_of(spec: str) -> list[str]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import answers, tasks
+from ..data import answers, rewards, tasks, verifiers
 from . import metrics, stats
 
 # problems per greedy batch: with more rows each decode step's matmuls run closer to the machine's peak (the 0.5B
@@ -27,28 +29,68 @@ def equal_batches(problems: int, most: int = EVAL_BATCH) -> tuple[int, int]:
     return batches, max(1, -(-problems // batches))
 
 
+@dataclass(frozen=True)
+class Judge:
+    """What "correct" means in an evaluation: math problems by their extracted answer (the math metrics with it),
+    unless `everywhere`; rows of your own, and every row when `everywhere`, by the reward `fn` scoring 1."""
+
+    fn: Callable | None = None
+    everywhere: bool = False
+
+    @classmethod
+    def of(cls, rewards: list[str], correct_reward: str = "", max_new_tokens: int = 256) -> Judge:
+        """The config's correct_reward when set (for every row), else its first reward (for rows of your own)."""
+        from ..data.rewards import load_reward
+
+        return cls(load_reward(correct_reward or rewards[0], max_new_tokens), bool(correct_reward))
+
+    def by_reward(self, ex: tasks.Example) -> bool:
+        return self.everywhere or not ex.math
+
+    def scores(self, examples: list, texts: list[str], outs: list[list[int]], log=print) -> list[bool | None]:
+        """Whether each completion is right by the reward (None for those judged by their answer)."""
+        mine = [i for i, ex in enumerate(examples) if self.by_reward(ex)]
+        if not mine:
+            return [None] * len(examples)
+        if self.fn is None:
+            from ..errors import UserError
+
+            raise UserError("these rows are judged by a reward: name it with --correct-reward (e.g. exact_match, "
+                            "code), or train with rewards that start with it")
+        part = [examples[i] for i in mine]
+        columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine]}
+        values = rewards.call_reward(self.fn, [texts[i] for i in mine], columns, [ex.id for ex in part], log)
+        out: list[bool | None] = [None] * len(examples)
+        for i, v in zip(mine, values, strict=True):
+            out[i] = v == 1.0
+        return out
+
+
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
-             batch_size: int = EVAL_BATCH) -> list[dict]:
-    """One completion for every example (greedy: `sampling` with temperature 0), each appended to the question
-    with `instruction`, in equal batches of at most `batch_size`; one record per problem, written as JSONL when
+             batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge()) -> list[dict]:
+    """One completion for every example (greedy: `sampling` with temperature 0), asked as `Example.chat` says (the
+    instruction appended to math questions, the system turn), in equal batches of at most `batch_size`; one record
+    per problem (correct as `judge` decides; finished: the model ended it within the limit), written as JSONL when
     out_path is given."""
     from ..engine.rollout import encode_prompts
 
     use_mv = metrics.math_verify_available()
-    if not use_mv:
+    if not use_mv and any(ex.math for ex in examples):
         log("  note: math-verify is not installed, so correct_math_verify stays empty (pip install math-verify)")
     records, t0 = [], time.time()
     batch_size = equal_batches(len(examples), batch_size)[1]
     for i in range(0, len(examples), batch_size):
         part = examples[i:i + batch_size]
-        prompts = encode_prompts(tok, [ex.question for ex in part], instruction)
-        outs = sampler.generate(prompts, 1, sampling)
-        for ex, ids in zip(part, outs, strict=True):
-            text = tok.decode(ids, skip_special_tokens=True)
+        outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1, sampling)
+        texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
+        judged = judge.scores(part, texts, outs, log)
+        for ex, ids, text, right in zip(part, outs, texts, judged, strict=True):
             kind = {"template": ex.template} if ex.template else {}
+            scored = metrics.score_completion(text, ex.answer, ex.solution, use_mv) if right is None else \
+                {"pred": verifiers.final_answer(text)[:200], "correct": right}
             records.append({"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question,
                             "answer": ex.answer, "completion": text,
-                            **metrics.score_completion(text, ex.answer, ex.solution, use_mv)})
+                            "finished": bool(ids) and ids[-1] in sampling.stops, **scored})
         done = len(records)
         log(f"  eval {done}/{len(examples)}: accuracy so far {sum(r['correct'] for r in records) / done:.3f} "
             f"({time.time() - t0:.0f}s)")
@@ -57,27 +99,35 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     return records
 
 
-def sampled_record(ex: tasks.Example, texts: list[str]) -> dict:
+def sampled_record(ex: tasks.Example, texts: list[str], judged: list | None = None) -> dict:
     """One problem's k sampled completions: answers, which are right, pass@1..k and the majority vote.
 
-    Votes are answers as canonical numbers ("18.0" and "$18" are one vote); None answers do not vote.
+    Math votes are answers as canonical numbers ("18.0" and "$18" are one vote), None answers do not vote; rows
+    judged by a reward (`judged`: one bool each) vote with their normalised final answers, and the majority is
+    right when a completion that gave it is.
     """
-    preds = [answers.extract_answer(t, "auto") for t in texts]
-    right = [answers.answers_match(p, ex.answer) for p in preds]
-    votes = []
-    for p in preds:
-        value = answers.parse_number(p) if p is not None else None
-        votes.append(tasks.canonical_number(value) if value is not None else p and p.strip().lower())
-    majority = stats.majority_vote(votes)
+    if judged and judged[0] is not None:
+        preds = [verifiers.final_answer(t)[:200] for t in texts]
+        right, votes = [bool(j) for j in judged], [verifiers.normalize(p) or None for p in preds]
+        majority = stats.majority_vote(votes)
+        maj_correct = any(r for r, v in zip(right, votes, strict=True) if v is not None and v == majority)
+    else:
+        preds = [answers.extract_answer(t, "auto") for t in texts]
+        right, votes = [answers.answers_match(p, ex.answer) for p in preds], []
+        for p in preds:
+            value = answers.parse_number(p) if p is not None else None
+            votes.append(tasks.canonical_number(value) if value is not None else p and p.strip().lower())
+        majority = stats.majority_vote(votes)
+        maj_correct = answers.answers_match(majority, ex.answer)
     k, c = len(texts), sum(right)
     return {"id": ex.id, "difficulty": ex.difficulty, "question": ex.question, "answer": ex.answer,
             "samples": k, "completions": texts, "preds": preds, "sample_correct": right, "n_correct": c,
             "pass_at": {str(j): stats.pass_at_k(k, c, j) for j in range(1, k + 1)}, "maj_pred": majority,
-            "maj_correct": answers.answers_match(majority, ex.answer)}
+            "maj_correct": maj_correct}
 
 
 def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed: int, out_path: Path | None = None,
-                log=print, batch_size: int = 64) -> list[dict]:
+                log=print, batch_size: int = 64, system: str = "", judge: Judge = Judge()) -> list[dict]:
     """k completions per example drawn with `sampling` (a seeded torch.Generator); one `sampled_record` each."""
     import torch
 
@@ -88,10 +138,12 @@ def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed
     records, t0 = [], time.time()
     for i in range(0, len(examples), per_call):
         part = examples[i:i + per_call]
-        prompts = encode_prompts(tok, [ex.question for ex in part], instruction)
+        prompts = encode_prompts(tok, [ex.chat(instruction, system) for ex in part])
         outs = sampler.generate(prompts, k, sampling, gen)
         texts = tok.batch_decode(outs, skip_special_tokens=True)
-        records += [sampled_record(ex, texts[j * k:(j + 1) * k]) for j, ex in enumerate(part)]
+        judged = judge.scores([ex for ex in part for _ in range(k)], texts, outs, log)
+        records += [sampled_record(ex, texts[j * k:(j + 1) * k], judged[j * k:(j + 1) * k])
+                    for j, ex in enumerate(part)]
         log(f"  sampled {len(records)}/{len(examples)} x {k} ({time.time() - t0:.0f}s)")
     if out_path is not None:
         Path(out_path).write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -30,7 +30,8 @@ EWC_FILE = "ewc.safetensors"
 
 # ---------------------------------------------------------------------------- data of a stage
 def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
-    return loaders.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise")
+    return loaders.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise",
+                             fmt=loaders.RowFormat.parse(cfg.prompt_column, cfg.column_map))
 
 
 @dataclass(frozen=True)

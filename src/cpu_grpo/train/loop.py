@@ -121,11 +121,10 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         check_base_records(run_dir / "eval_before.jsonl", eval_set)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    for spec in cfg.rewards:  # a bad reward (each stage loads its own)
-        rewards.load_reward(spec, cfg.max_new_tokens)
-    for part in dict.fromkeys(p for st in stages for p in tasks.parts_of(st.task)):
-        if not tasks.levels_of(part):  # bad training data (a generated level cannot be)
-            curriculum.load(cfg, part, cfg.train_size, cfg.seed, "train")
+    fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]  # a bad reward (each stage loads
+    for part in dict.fromkeys(p for st in stages for p in tasks.parts_of(st.task)):  # its own), bad training data,
+        data = curriculum.load(cfg, part, 16 if tasks.levels_of(part) else cfg.train_size, cfg.seed, "train")
+        rewards.check_columns(fns, data, part)  # a column a reward needs and the data lacks: now, not at step 1
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)

@@ -116,7 +116,7 @@ def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "", n
     return varies[:n]
 
 
-def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor, dict[str, list[float]]]:
+def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print) -> tuple[torch.Tensor, dict[str, list[float]]]:
     """Every reward function on the completions: the weighted total (N,) and each function's values.
 
     A completion cut at the length limit earns no credit (its positive rewards count as 0; penalties such as
@@ -124,14 +124,11 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout) -> tuple[torch.Tensor,
     limit (`#### 70` and bare `####` lines) and be paid for it.
     """
     g, batch = cfg.num_generations, rollout.batch
-    columns = {"answer": [ex.answer for ex in batch for _ in range(g)],
-               "difficulty": [ex.difficulty for ex in batch for _ in range(g)],
-               "question": [ex.question for ex in batch for _ in range(g)],
-               "prompts": [ex.question for ex in batch for _ in range(g)],
-               "completion_ids": rollout.completions}
+    columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions}
+    ids = [ex.id for ex in batch for _ in range(g)]
     per_fn = {}
     for fn in reward_fns:
-        values = rewards.as_scores(fn.__name__, fn(completions=rollout.texts, **columns), len(rollout.texts))
+        values = rewards.call_reward(fn, rollout.texts, columns, ids, log)
         per_fn[fn.__name__] = [min(v, 0.0) if cut and not cfg.score_truncated else v
                                for v, cut in zip(values, rollout.truncated, strict=True)]
     total = torch.zeros(len(rollout.texts))
@@ -187,7 +184,7 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
         if stop_agreed(r, stop):
             return None
         t = time.time()
-        parts.append(_gathered(r, part, *score(cfg, reward_fns, part)))
+        parts.append(_gathered(r, part, *score(cfg, reward_fns, part, r.log)))
         times["scoring"] += time.time() - t
         rollout = sum((p[0] for p in parts[1:]), parts[0][0])
         total = torch.cat([p[1] for p in parts])

@@ -1,0 +1,114 @@
+"""Two generated tasks of your-own-task shape (a prompt and columns for the reward, no numeric answer): `countdown`
+(TinyZero's: reach a target with each given number once, scored by `countdown_reward`) and `code` (small Python
+functions, scored by running them against the row's unit tests in a sandbox: `code_reward`). Seeded, with a
+held-out split by a hash of the prompt, like the math levels; each row's answer is one reference solution."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable
+
+from .tasks import Example, TaskError, split_of
+
+COUNTDOWN_PROMPT = ("Using the numbers {nums}, create an equation that equals {target}. You can use +, -, * and / and "
+                    "each number exactly once. Think it through, then give the equation in <answer> </answer> tags, "
+                    "for example <answer> (1 + 2) * 3 </answer>.")
+CODE_PROMPT = ("Write a Python function `{signature}` that {what}. Answer with the function in one ```python code "
+               "block.")
+
+
+def _countdown(rng: random.Random) -> tuple[str, dict, str, str] | None:
+    """(prompt, columns, reference equation, level): 3 or 4 numbers and a target some equation of them reaches."""
+    k = rng.choice((3, 4))
+    nums = [rng.randint(1, 25) for _ in range(k)]
+    items = [(str(n), n) for n in nums]
+    while len(items) > 1:  # join two random terms until one is left: an equation using every number once
+        (ea, a), (eb, b) = items.pop(rng.randrange(len(items))), items.pop(rng.randrange(len(items)))
+        op = rng.choice("+-*/")
+        if op == "/" and (b == 0 or a % b):
+            op = "+"
+        if op == "-" and a < b:
+            (ea, a), (eb, b) = (eb, b), (ea, a)
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+        items.append((f"({ea} {op} {eb})", value))
+    equation, target = items[0]
+    if not 1 <= target <= 200:
+        return None
+    columns = {"nums": sorted(nums), "target": target}
+    return COUNTDOWN_PROMPT.format(nums=sorted(nums), target=target), columns, equation[1:-1], f"countdown-{k}"
+
+
+# name, signature, what it does (formatted with the parameters), parameters, reference, an input generator
+CodeTemplate = tuple[str, str, str, Callable, Callable, Callable]
+_INTS = lambda r: [r.randint(-20, 40) for _ in range(r.randint(0, 7))]  # noqa: E731
+_WORDS = lambda r: " ".join(r.choice(["apple", "sky", "banana", "kiwi", "tree", "a", "river"])  # noqa: E731
+                            for _ in range(r.randint(1, 6)))
+CODE_TEMPLATES: list[CodeTemplate] = [
+    ("add_k", "add_k(xs)", "returns a new list with {k} added to every element of the list of integers xs",
+     lambda r: {"k": r.randint(2, 9)}, lambda p, xs: [x + p["k"] for x in xs], _INTS),
+    ("sum_multiples", "sum_multiples(xs)", "returns the sum of the elements of xs that are divisible by {k}",
+     lambda r: {"k": r.randint(2, 7)}, lambda p, xs: sum(x for x in xs if x % p["k"] == 0), _INTS),
+    ("count_char", "count_char(s)", "returns how many times the letter '{c}' occurs in the string s",
+     lambda r: {"c": r.choice("aeiknrst")}, lambda p, s: s.count(p["c"]), _WORDS),
+    ("long_words", "long_words(s)", "returns the number of words in the sentence s that have more than {k} letters",
+     lambda r: {"k": r.randint(2, 5)}, lambda p, s: sum(len(w) > p["k"] for w in s.split()), _WORDS),
+    ("clamp", "clamp(xs)", "returns xs with every element below {lo} replaced by {lo} and every element above {hi} "
+     "replaced by {hi}", lambda r: {"lo": r.randint(-5, 5), "hi": r.randint(10, 30)},
+     lambda p, xs: [min(max(x, p["lo"]), p["hi"]) for x in xs], _INTS),
+    ("running_total", "running_total(xs)", "returns the list of running sums of xs, each multiplied by {k}",
+     lambda r: {"k": r.randint(2, 5)}, lambda p, xs: [p["k"] * sum(xs[:i + 1]) for i in range(len(xs))], _INTS),
+    ("repeat_chars", "repeat_chars(s)", "returns the string s with every character repeated {k} times",
+     lambda r: {"k": r.randint(2, 4)}, lambda p, s: "".join(ch * p["k"] for ch in s), _WORDS),
+    ("sequence", "sequence(n)", "returns the n-th term (counting from 0) of the sequence that starts at {a} and in "
+     "which every term is {m} times the one before plus {b}",
+     lambda r: {"a": r.randint(0, 5), "m": r.randint(2, 3), "b": r.randint(1, 4)},
+     lambda p, n: _term(p, n), lambda r: r.randint(0, 8)),
+    ("second_largest", "second_largest(xs)", "returns the second largest distinct value in xs, or {d} when xs has "
+     "fewer than two distinct values", lambda r: {"d": r.choice([-1, 0, None])},
+     lambda p, xs: sorted(set(xs))[-2] if len(set(xs)) > 1 else p["d"], _INTS),
+    ("shift_letters", "shift_letters(s)", "returns s with every lowercase letter moved {k} places forward in the "
+     "alphabet (z wraps around to a) and every other character unchanged", lambda r: {"k": r.randint(1, 25)},
+     lambda p, s: "".join(chr((ord(c) - 97 + p["k"]) % 26 + 97) if c.islower() else c for c in s), _WORDS),
+]
+
+
+def _term(p: dict, n: int) -> int:
+    value = p["a"]
+    for _ in range(n):
+        value = value * p["m"] + p["b"]
+    return value
+
+
+def _code(rng: random.Random) -> tuple[str, dict, str, str] | None:
+    """(prompt, columns, reference function, type): a function to write and 5 assert lines that test it."""
+    name, signature, what, params, reference, inputs = rng.choice(CODE_TEMPLATES)
+    p = params(rng)
+    cases = [inputs(rng) for _ in range(5)]
+    tests = "\n".join(f"assert {name}({arg!r}) == {reference(p, arg)!r}" for arg in cases)
+    prompt = CODE_PROMPT.format(signature=signature, what=what.format(**p))
+    return prompt, {"tests": tests, "entry_point": name}, f"{name} with {p}", name
+
+
+GENERATED = {"countdown": _countdown, "code": _code}
+
+
+def generate_task(task: str, n: int, seed: int = 0, split: str = "train") -> list[Example]:
+    """n distinct rows of a generated task from one split; the same arguments give the same list."""
+    if split not in ("train", "test"):
+        raise TaskError(f"unknown split '{split}': use train or test.")
+    rng = random.Random(seed ^ zlib.crc32(f"{task}/{split}".encode()))
+    out: list[Example] = []
+    seen: set[str] = set()
+    for _ in range(100 * n + 1000):
+        if len(out) == n:
+            return out
+        drawn = GENERATED[task](rng)
+        if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
+            continue
+        seen.add(drawn[0])
+        prompt, columns, reference, kind = drawn
+        level = kind if task == "countdown" else "code"
+        out.append(Example(prompt, reference, level, id=f"{task}-{split}-{len(out)}", template=kind,
+                           columns=columns, math=False))
+    raise TaskError(f"found only {len(out)} distinct {split} rows of task '{task}': ask for fewer than {n}.")
