@@ -85,7 +85,7 @@ def _code(rng: random.Random) -> tuple[str, dict, str, str] | None:
     name, signature, what, params, reference, inputs = rng.choice(CODE_TEMPLATES)
     p = params(rng)
     cases = [inputs(rng) for _ in range(5)]
-    tests = "\n".join(f"assert {name}({arg!r}) == {reference(p, arg)!r}" for arg in cases)
+    tests = "\n".join(f"check({name}({arg!r}), {reference(p, arg)!r})" for arg in cases)
     prompt = CODE_PROMPT.format(signature=signature, what=what.format(**p))
     return prompt, {"tests": tests, "entry_point": name}, f"{name} with {p}", name
 

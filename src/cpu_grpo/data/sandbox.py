@@ -55,19 +55,23 @@ _BOOT = ("import resource as r, runpy\n"
          "for k, v in ((r.RLIMIT_AS, {mem}), (r.RLIMIT_CPU, {cpu}), (r.RLIMIT_FSIZE, {fsize}),"
          " (r.RLIMIT_NOFILE, {files}), (r.RLIMIT_CORE, 0)):\n"
          "    r.setrlimit(k, (v, v))\n"
-         "runpy.run_path('main.py', run_name='__main__')\n")
+         "del r\n")
 
 
-def run_python(program: str, limits: Limits = Limits()) -> Result:
-    """Run `program` as a Python script under `limits`; passed when it exits with status 0."""
+def run_python(program: str, limits: Limits = Limits(), harness: str = "runpy.run_path('main.py', run_name='__main__')",
+               files: dict | None = None, env: dict | None = None) -> Result:
+    """Run `program` (main.py) as a Python script under `limits`, through `harness` (Python run after the limits are
+    set), with `files` beside it; passed when it exits with status 0."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cpu-grpo-sandbox-") as tmp:
         Path(tmp, "main.py").write_text(program)
+        for name, text in (files or {}).items():
+            Path(tmp, name).write_text(text)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
+               "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", **(env or {})}
         with open(Path(tmp, "out.txt"), "wb") as out:
             boot = _BOOT.format(mem=limits.memory_mb * 2**20, cpu=limits.cpu_seconds, fsize=limits.file_mb * 2**20,
-                                files=limits.open_files)
+                                files=limits.open_files) + harness
             proc = subprocess.Popen([*isolation(), sys.executable, "-I", "-S", "-c", boot], cwd=tmp, env=env,
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -82,6 +86,45 @@ def run_python(program: str, limits: Limits = Limits()) -> Result:
     return Result(status == "passed", status, time.monotonic() - t0, output)
 
 
+# runs a solution, then its tests, in one namespace, and prints a pass token known only to this harness: a program
+# that exits early (sys.exit(0), os._exit) prints no token, so it passes nothing; tests.py is removed before the
+# solution runs and the token is taken out of the environment. `check(got, want)` compares values of the same exact
+# types, element by element, so an object whose __eq__ always says True does not pass. A program that searches
+# the interpreter's frames for the token could still forge it: a known limit.
+_TESTS = ("import os\n"
+          "def _harness(token=os.environ.pop('CPU_GRPO_PASS')):\n"
+          "    def same(a, b):\n"
+          "        if type(a) is not type(b):\n"
+          "            return False\n"
+          "        if type(a) in (list, tuple):\n"
+          "            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))\n"
+          "        if type(a) is dict:\n"
+          "            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)\n"
+          "        return a == b\n"
+          "    def check(got, want):\n"
+          "        if not same(got, want):\n"
+          "            raise AssertionError(f'got {got!r}, want {want!r}')\n"
+          "    tests = open('tests.py').read()\n"
+          "    os.remove('tests.py')\n"
+          "    ns = {'__name__': '__main__', 'check': check}\n"
+          "    exec(compile(open('main.py').read(), 'solution.py', 'exec'), ns)\n"
+          "    exec(compile(tests, 'tests.py', 'exec'), ns)\n"
+          "    print('\\n' + token, flush=True)\n"
+          "_harness()\n")
+
+
+def run_tests(solution: str, tests: str, limits: Limits = Limits()) -> Result:
+    """Run `solution`, then `tests` (assert lines, or `check(got, want)` for exact comparisons) in its namespace;
+    passed only when the tests ran to their end (the harness's pass token is the last line printed)."""
+    import secrets
+
+    token = secrets.token_hex(16)
+    result = run_python(solution, limits, harness=_TESTS, files={"tests.py": tests}, env={"CPU_GRPO_PASS": token})
+    passed = result.passed and result.output.rstrip().endswith(token)
+    return Result(passed, result.status if passed or not result.passed else "failed", result.seconds,
+                  result.output.replace(token, "<pass>"))
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """Kill the program's process group (what it forked without leaving the group) and reap it."""
     try:
@@ -91,9 +134,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_many(programs: list[str], limits: Limits = Limits(), workers: int | None = None) -> list[Result]:
-    """run_python on each program, a few at a time (one per core), in order."""
+def run_many(pairs: list[tuple[str, str]], limits: Limits = Limits(), workers: int | None = None) -> list[Result]:
+    """run_tests on each (solution, tests), a few at a time (one per core), in order."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=workers or max(1, min(4, os.cpu_count() or 1))) as pool:
-        return list(pool.map(lambda p: run_python(p, limits), programs))
+        return list(pool.map(lambda pair: run_tests(*pair, limits), pairs))

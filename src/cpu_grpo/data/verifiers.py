@@ -106,14 +106,16 @@ def regex_reward(completions: Sequence, pattern: Sequence, **kwargs: Any) -> lis
 
 
 def last_json(text: str) -> Any:
-    """The last JSON object or array in the text (a ```json block, or raw), or None when none parses."""
-    decoder, found = json.JSONDecoder(), None
-    for i, ch in enumerate(text):
-        if ch in "{[":
+    """The last top-level JSON object or array in the text (a ```json block, or raw), or None when none parses."""
+    decoder, found, i = json.JSONDecoder(), None, 0
+    while i < len(text):
+        if text[i] in "{[":
             try:
-                found, _ = decoder.raw_decode(text[i:])
-            except json.JSONDecodeError:
+                found, i = decoder.raw_decode(text, i)
                 continue
+            except json.JSONDecodeError:
+                pass
+        i += 1
     return found
 
 
@@ -202,10 +204,11 @@ def code_of(text: str) -> str:
 
 
 def code_reward(completions: Sequence, tests: Sequence, **kwargs: Any) -> list[float]:
-    """1.0 where the completion's code, followed by the row's `tests` (assert lines), runs to the end in the
-    sandbox within its limits (sandbox.Limits: 5 s, 512 MB, no network)."""
-    programs = [f"{code_of(completion_text(c))}\n\n{t}\n" for c, t in zip(completions, tests, strict=True)]
-    return [float(r.passed) for r in sandbox.run_many(programs)]
+    """1.0 where the completion's code, then the row's `tests` (assert lines, or `check(got, want)` for exact
+    comparisons), run to their end in the sandbox within its limits (sandbox.run_tests: 5 s, 512 MB, no network; an
+    early exit passes nothing)."""
+    pairs = [(code_of(completion_text(c)), str(t)) for c, t in zip(completions, tests, strict=True)]
+    return [float(r.passed) for r in sandbox.run_many(pairs)]
 
 
 def answer_tag_reward(completions: Sequence, **kwargs: Any) -> list[float]:
