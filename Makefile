@@ -31,7 +31,7 @@ demo: install
 test: install
 	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
 	$(BIN)/python -m pytest
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench experiments examples
 
 # the edit loop: everything but end-to-end training, the browser and the real model
 test-fast: install
@@ -41,7 +41,7 @@ docs: install
 	$(BIN)/python -c "from cpu_grpo.config import reference; print(reference(), end='')" > docs/config.md
 
 lint: install
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench experiments examples
 
 clean-venv:
 	rm -rf $(VENV)

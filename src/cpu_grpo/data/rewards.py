@@ -279,7 +279,7 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
 
 
 # ---------------------------------------------------------------------------- calling them on rows
-ALWAYS = ("answer", "difficulty", "question", "prompts", "completion_ids")  # columns every row gives
+ALWAYS = ("difficulty", "question", "prompts", "completion_ids")  # columns every row gives (math rows: answer too)
 
 
 def reward_columns(examples: Sequence, g: int = 1) -> dict[str, list]:
@@ -297,7 +297,8 @@ def reward_columns(examples: Sequence, g: int = 1) -> dict[str, list]:
 def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str) -> None:
     """Every column a reward function requires (a parameter without a default) is in the data, or one sentence
     that names it, the columns there are, and the flag that maps one; before anything is trained or evaluated."""
-    have = set(ALWAYS) | {k for ex in examples for k in ex.columns}
+    have = set(ALWAYS) | {k for ex in examples for k in ex.columns} | \
+        ({"answer"} if all(ex.math or "answer" in ex.columns for ex in examples) else set())
     for fn in fns:
         try:
             params = inspect.signature(fn).parameters.values()
