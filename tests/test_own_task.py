@@ -14,7 +14,7 @@ from cpu_grpo import config
 from cpu_grpo.data import rewards
 from cpu_grpo.data.loaders import RowFormat, load_task
 from cpu_grpo.data.tasks import TaskError
-from cpu_grpo.errors import RewardError
+from cpu_grpo.errors import RewardError, UserError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ROWS = [{"prompt": f"Say the word number {i}.", "solution": f"w{i}", "level": "easy" if i % 2 else "hard"}
@@ -127,3 +127,23 @@ def test_the_three_examples_of_the_docs_train_and_evaluate(example, tmp_path, ti
     groups = read_jsonl(run / "groups.jsonl")
     assert len(groups) == 4 and all(len(g["completions"]) == 2 for g in groups)
     assert (run / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_prompt_too_long_for_the_context_is_found_at_load_with_its_line(tmp_path, tiny_model):
+    """Checked once when the data is loaded, not when a batch happens to draw it (then on every resume)."""
+    from cpu_grpo.train.loop import train
+
+    rows = [{"prompt": f"Say {i}.", "solution": str(i)} for i in range(40)]
+    rows[7]["prompt"] = "word " * 2000  # past the tiny model's 1,024 positions
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fields = dict(model=tiny_model, task=str(tmp_path / "t.jsonl"), rewards=["exact_match"], reward_weights=[1.0],
+                  column_map="solution:answer", steps=1, prompts_per_step=2, num_generations=2, max_new_tokens=8,
+                  eval_size=0)
+    with pytest.raises(UserError, match=r"1 prompt\(s\) of task .* do not fit the model's context of 1024 "
+                                                    r"tokens with 8 new tokens \(first: t.jsonl:8, .*--skip-bad-lines"):
+        train(config.build(None, None, dict(output_dir=str(tmp_path / "a"), **fields)), log=lambda *a: None)
+    lines = []
+    train(config.build(None, None, dict(output_dir=str(tmp_path / "b"), skip_bad_lines=True, **fields)),
+          log=lines.append)
+    assert any("do not fit" in str(line) and "left out" in str(line) for line in lines)

@@ -10,6 +10,7 @@ the math). Under torchrun every rank runs this; rank 0 alone writes the run dire
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import shutil
@@ -29,7 +30,7 @@ from ..machine import allocator, planner
 from ..rundir import RunLock, read_json, stage_eval_path, write_status
 from . import checkpoint, curriculum, distributed
 from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
-from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, promoted, stage_finished
+from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, fitting, promoted, stage_finished
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
 from .trackers import Tracker, summary_metrics
 
@@ -128,6 +129,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
     r, ref = build_run(cfg, run_dir, ckpt, log, world)
+    eval_set = [dataclasses.replace(s, examples=fitting(r, s.examples, s.max_new_tokens, s.task)) for s in eval_set]
     r.commit = rundir.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
         machine = planner.Machine.measure(0.4)

@@ -63,10 +63,32 @@ def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> None:
                             "again with this config, or resume with the config that made it.")
 
 
+def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[tasks.Example]:
+    """The problems whose prompt, with `limit` new tokens, fits the model's context, checked once when they are
+    loaded (generated problems are short by construction); the others stop the run naming the first one's
+    `file:line`, or with skip_bad_lines are left out with a count."""
+    context = getattr(r.model.config, "max_position_embeddings", None)
+    mine = [ex for ex in data if not ex.template]
+    if not context or not mine:
+        return data
+    prompts = encode_prompts(r.tok, [ex.chat(r.cfg.instruction, r.cfg.system_prompt) for ex in mine])
+    long = [(ex.id, len(p)) for ex, p in zip(mine, prompts, strict=True) if len(p) + limit > context]
+    if not long:
+        return data
+    what = (f"{len(long)} prompt(s) of task {task} do not fit the model's context of {context} tokens with {limit} "
+            f"new tokens (first: {long[0][0]}, {long[0][1]} tokens)")
+    if not r.cfg.skip_bad_lines:
+        raise UserError(f"{what}: shorten them, lower max_new_tokens, or pass --skip-bad-lines to leave them out.")
+    r.log(f"note: {what}: left out (--skip-bad-lines)")
+    ids = {i for i, _ in long}
+    return [ex for ex in data if ex.id not in ids]
+
+
 def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
     """The stage's training problems and their order; its learning rate and completion limit."""
     cfg = r.cfg
-    data = curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train")
+    data = fitting(r, curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train"),
+                   stage.max_new_tokens or cfg.max_new_tokens, stage.task)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
     lr = stage.learning_rate or cfg.learning_rate
     r.max_new_tokens, r.dynamic_sampling_keep = stage.max_new_tokens, stage.dynamic_sampling_keep
