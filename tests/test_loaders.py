@@ -24,13 +24,14 @@ def write(tmp_path: Path, rows: list[object | str], name: str = "data.jsonl") ->
 
 # ---------------------------------------------------------------------------- JSONL
 def test_real_gsm8k_test_file():
-    data = load_jsonl(GSM8K_TEST)
+    data = load_task("gsm8k", split=None)
     assert len(data) == 1319
     first = data[0]
     assert first.answer == "18" and first.id == "test.jsonl:1" and first.difficulty == "gsm8k"
     assert first.question.startswith("Janet") and first.solution.endswith("#### 18")
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", e.answer) for e in data)
-    assert load_task(str(GSM8K_TEST), n=5, split=None) == data[:5]  # `cpu-grpo eval`: the file as it is
+    mine = load_task(str(GSM8K_TEST), n=5, split=None)  # `cpu-grpo eval`: the file as it is, named after itself
+    assert [e.question for e in mine] == [e.question for e in data[:5]] and {e.difficulty for e in mine} == {"test"}
 
 
 def test_shipped_gsm8k_needs_no_path():
@@ -66,7 +67,7 @@ def test_gold_answers_are_cleaned(tmp_path):
     ])
     data = load_jsonl(path)
     assert [e.answer for e in data] == ["1234", "1234.5", "7", "yes"]
-    assert [e.difficulty for e in data] == ["gsm8k", "gsm8k", "hard", "3"]
+    assert [e.difficulty for e in data] == ["data", "data", "hard", "3"]  # named after the file, not "gsm8k"
     assert data[1].id == "data.jsonl:2" and data[1].solution == "x #### 2 #### $1,234.50"
     assert len(load_jsonl(path, limit=2)) == 2
 

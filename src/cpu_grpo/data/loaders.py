@@ -55,7 +55,7 @@ def to_example(row: dict, id_: str, fmt: RowFormat = RowFormat(), name: str = ""
     if fmt.prompt_column in row:
         return _own_example(row, id_, fmt.prompt_column, name)
     if "question" in row or "answer" in row:
-        return _gsm8k_example(row, id_)
+        return _gsm8k_example(row, id_, name)
     raise ValueError(f"no {fmt.prompt_column!r} column (its columns: {', '.join(map(repr, row)) or 'none'}): name "
                      "the prompt's column with --prompt-column, or rename columns with --column-map 'yours:prompt'")
 
@@ -77,8 +77,9 @@ def _own_example(row: dict, id_: str, column: str, name: str) -> Example:
                    columns=columns, math=False)
 
 
-def _gsm8k_example(row: dict, id_: str) -> Example:
-    """A GSM8K-style {"question", "answer": "...#### 18"} row; ValueError if malformed."""
+def _gsm8k_example(row: dict, id_: str, name: str = "") -> Example:
+    """A GSM8K-style {"question", "answer": "...#### 18"} row, labelled by its level column, else by the task's name;
+    ValueError if malformed."""
     question, answer = row.get("question"), row.get("answer")
     if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
         raise ValueError("needs a non-empty 'question' and an 'answer' string")
@@ -90,12 +91,12 @@ def _gsm8k_example(row: dict, id_: str) -> Example:
     except (ValueError, ZeroDivisionError):
         pass  # not a number: keep the text as written
     extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
-    return Example(question, gold, str(row.get("difficulty") or row.get("level") or "gsm8k"), answer, id_,
+    return Example(question, gold, str(row.get("difficulty") or row.get("level") or name or "gsm8k"), answer, id_,
                    columns=extra)
 
 
 def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt: RowFormat = RowFormat(),
-              on_error: str = "raise") -> list[Example]:
+              on_error: str = "raise", name: str = "") -> list[Example]:
     """The examples of a file, a saved dataset or hf:NAME in `split` (None: the whole file, or a dataset's own test
     split), at most `n`, in order. Rows that cannot be read stop the load with `file:line` and the fix, or are
     skipped with one warning (on_error="skip")."""
@@ -104,7 +105,7 @@ def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt:
     bad: list[tuple[str, str]] = []
     rows = files.read(spec, on_error, bad, limit=n if split is None else None)
     pairs = rows.train if rows.test is None or split == "train" else rows.test
-    name = Path(spec).stem if not spec.startswith("hf:") else spec[3:].split(":")[0]
+    name = name or (Path(spec).stem if not spec.startswith("hf:") else spec[3:].split(":")[0].split("/")[-1])
     out = []
     for id_, row in pairs:
         if n is not None and split is None and len(out) >= n:
@@ -146,9 +147,10 @@ def _check_columns(examples: list[Example], spec: str) -> None:
                                 "one type per column.")
 
 
-def load_jsonl(path: str | Path, on_error: str = "raise", limit: int | None = None) -> list[Example]:
-    """Every example of a JSON-lines file in file order (GSM8K rows or rows of your own), at most `limit`."""
-    return load_file(str(path), None, limit, on_error=on_error)
+def load_jsonl(path: str | Path, on_error: str = "raise", limit: int | None = None, name: str = "") -> list[Example]:
+    """Every example of a JSON-lines file in file order (GSM8K rows or rows of your own), at most `limit`, labelled
+    `name` (else the file's name) where a row has no level of its own."""
+    return load_file(str(path), None, limit, on_error=on_error, name=name)
 
 
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
@@ -171,7 +173,7 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
         return in_equal_shares(parts, 500 if n is None else n,
                                lambda part, k: load_task(part, k, seed, split, on_error, fmt))
     if spec in DATASETS:
-        return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n)
+        return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n, name="gsm8k")
     if spec.startswith("hf:") or files.is_file_spec(spec):
         return load_file(spec, split, n, fmt, on_error)
     raise TaskError(UNKNOWN.format(spec))
