@@ -49,7 +49,7 @@ def test_describe_has_one_line_per_field():
     (dict(top_k=-1), "top_k must be >= 0"),
     (dict(weight_decay=-1.0), "weight_decay must be >= 0"),
     (dict(max_grad_norm=-1.0), "max_grad_norm must be >= 0 (0: no clipping)"),
-    (dict(threads=-1), "threads must be >= 0"),
+    (dict(threads=-1), "threads must be between 0"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(top_p=1.5), "top_p must be in (0, 1]"),
     (dict(rewards=[], reward_weights=[]), "give at least one reward function"),
@@ -425,3 +425,11 @@ def test_doctests():
     from cpu_grpo import config
 
     assert doctest.testmod(config).failed == 0
+
+
+def test_threads_and_run_names_the_system_cannot_take_are_one_sentence():
+    for fields, words in [({"threads": 100000}, "threads must be between 0"),
+                          ({"run_name": "x" * 300}, "at most 200 characters"),
+                          ({"run_name": "a/b"}, "plain directory name")]:
+        with pytest.raises(ConfigError, match=words):
+            build(None, None, fields)

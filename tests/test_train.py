@@ -91,6 +91,10 @@ def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
     with pytest.raises(RunDirError, match="already holds a run"):
         train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
     assert (out / "metrics.jsonl").read_text() == before
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(RunDirError, match="is a file, not a directory: choose another --output-dir"):
+        train(tiny_cfg(tiny_model, tmp_path / "a-file", reward_file, steps=1, eval_size=0), log=lambda *a: None)
+    assert (tmp_path / "a-file").read_text() == "mine"
 
 
 def test_a_start_that_fails_leaves_no_run_directory_behind(tmp_path, reward_file):

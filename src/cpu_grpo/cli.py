@@ -68,8 +68,9 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def cmd_eval(args) -> int:
-    if args.samples < 0 or (args.samples > 0 and args.temperature <= 0):
-        print("cpu-grpo: --samples must be >= 0, and sampling needs --temperature > 0.", file=sys.stderr)
+    if args.samples < 0 or (args.samples > 0 and args.temperature <= 0) or args.max_new_tokens < 1:
+        print("cpu-grpo: --samples must be >= 0, sampling needs --temperature > 0, and --max-new-tokens >= 1.",
+              file=sys.stderr)
         return 2
     from .data.generated import GENERATED
     from .data.loaders import RowFormat, load_task

@@ -127,8 +127,9 @@ def _command(policy: Policy, knob_names: list[str], values: list):
     model, profile, config_file, run_name, resume, use_lora, extra, *knobs = values
     profile, config_file, resume = profile or "", (config_file or "").strip(), bool(resume)
     name = (run_name or "").strip() or f"{profile or 'default'}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if "/" in name or name.startswith("."):
-        return None, None, resume, "A run name is a plain directory name (no '/', not starting with '.').", None
+    if "/" in name or name.startswith(".") or len(name) > 200:
+        return None, None, resume, ("A run name is a plain directory name of at most 200 characters (no '/', not "
+                                    "starting with '.')."), None
     run = Path(policy.root) / name
     overrides = dict(zip(knob_names, knobs, strict=True))
     if use_lora:

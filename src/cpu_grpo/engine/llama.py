@@ -170,7 +170,11 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
     x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
-    tables_p, tables_c = rotary_tables(inner, arch, x, p_pos), rotary_tables(inner, arch, x, c_pos)
+    # one rotary call over every position, as transformers makes for the whole sequence (longrope picks its factors
+    # from the longest position in a call), then split: prompt tables (b, 1, P, R), completion tables (N, 1, T, R)
+    tables = rotary_tables(inner, arch, x, torch.cat([p_pos.reshape(-1), c_pos.reshape(-1)])[None])  # (1, 1, M, R)
+    tables_p = {k: tuple(u[0, 0, :b * p].reshape(b, 1, p, -1) for u in cs) for k, cs in tables.items()}
+    tables_c = {k: tuple(u[0, 0, b * p:].reshape(n, 1, t, -1) for u in cs) for k, cs in tables.items()}
     # keys of a completion row: its prompt's P slots, then its own T; slot P+i is completion token i
     valid_c = torch.cat([prompt_valid.repeat_interleave(g, 0), torch.ones(n, t, dtype=torch.bool)], dim=-1)
     masks = {w: (_seen(prompt_valid[:, None, None, :] & causal_mask(p, 0, w)),  # (b, 1, P, P)

@@ -135,6 +135,8 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     if resume and not (cfg.output_dir or cfg.run_name):
         raise RunDirError("--resume needs the run to continue: pass its --output-dir or --run-name.")
     run = run_dir_for(cfg, profile)
+    if run.exists() and not run.is_dir():
+        raise RunDirError(f"--output-dir {run} is a file, not a directory: choose another --output-dir.")
     ckpt = checkpoint.latest_good(run) if resume else None
     if resume and ckpt is None and checkpoint.complete(run / "checkpoints"):
         raise RunDirError(f"--resume: no checkpoint under {run}/checkpoints loads (see the warnings above): start a "
