@@ -96,12 +96,29 @@ def rms(x: Tensor, norm, offset: float = 0.0) -> Tensor:
     return F.rms_norm(x.float(), (x.shape[-1],), eps=norm_eps(norm)).to(x.dtype) * norm.weight
 
 
+def rms_one(x: Tensor, norm, offset: float = 0.0) -> Tensor:
+    """RMSNorm as one fused call (fp32 inside): for sampling, where every op of a decode step counts."""
+    if offset:
+        return rms(x, norm, offset)
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm_eps(norm))
+
+
 def layer_norms(layer, arch: Arch) -> tuple:
     """A layer's norms: (before attention, after attention or None, before the MLP, after the MLP or None)."""
     if arch.sandwich:
         return (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                 layer.post_feedforward_layernorm)
     return layer.input_layernorm, None, layer.post_attention_layernorm, None
+
+
+def post_norm(y: Tensor, norm, offset: float) -> Tensor:
+    """A sublayer's output, normalised where the architecture has a norm there (gemma3_text)."""
+    return y if norm is None else rms(y, norm, offset)
+
+
+def activation(mlp):
+    """The MLP's gate activation module (phi3 names it activation_fn)."""
+    return mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn
 
 
 def _rope_table(rotary, x: Tensor, pos: Tensor, key: str = "") -> tuple[Tensor, Tensor]:

@@ -22,7 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .arch import Arch, apply_rope, arch_of, layer_norms, norm_eps, rms, rotary_tables, supports  # noqa: F401 (llama.supports)
+from .arch import (
+    Arch,
+    activation,
+    apply_rope,
+    arch_of,
+    layer_norms,
+    post_norm,
+    rms,
+    rms_one,
+    rotary_tables,
+    supports,  # noqa: F401 (llama.supports: batching.py calls it, tests patch it)
+)
 
 
 def attention(q: Tensor, kt: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -65,16 +76,12 @@ def _heads(x: Tensor, n: int, t: int, d: int, table: tuple | None, norm=None, of
     return x if table is None else apply_rope(x, *table)
 
 
-def _act(mlp):
-    return mlp.act_fn if hasattr(mlp, "act_fn") else mlp.activation_fn
-
-
 def _mlp(layer, x: Tensor, arch: Arch) -> Tensor:
     _, _, ln_in, ln_out = layer_norms(layer, arch)
     mlp = layer.mlp
     h = _autocast_input(rms(x, ln_in, arch.norm_offset))
     gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1) if arch.fused else (mlp.gate_proj(h), mlp.up_proj(h))
-    act_fn = _act(mlp)
+    act_fn = activation(mlp)
     act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(act_fn) else act_fn(gate) * up
     out = mlp.down_proj(act)
     return x + (out if ln_out is None else rms(out, ln_out, arch.norm_offset))
@@ -133,7 +140,7 @@ def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache
         ln_attn, ln_attn_out, ln_mlp, ln_mlp_out = layer_norms(layer, arch)
         d = attn.head_dim
         nk = cache[i][0].shape[1] * d
-        qkv = pj.qkv(_rms_one(x, ln_attn, arch.norm_offset))
+        qkv = pj.qkv(rms_one(x, ln_attn, arch.norm_offset))
         nq = qkv.shape[-1] - 2 * nk
         table, off = tables.get(arch.rope[i]), arch.norm_offset
         q = _heads(qkv[..., :nq], n, t, d, table, attn.q_norm if arch.qk_norm else None, off)
@@ -142,15 +149,10 @@ def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache
         kc[:, :, :, start:end] = k.transpose(-1, -2)
         vc[:, :, start:end] = qkv[..., nq + nk:].view(n, t, -1, d).transpose(1, 2)
         a = attention(q, kc[:, :, :, :end], vc[:, :, :end], masks[arch.window[i]], attn.scaling)
-        x = x + _out(pj.o(a.transpose(1, 2).reshape(n, t, -1)), ln_attn_out, off)
-        gate, up = pj.gate_up(_rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
-        x = x + _out(pj.down(_act(layer.mlp)(gate) * up), ln_mlp_out, off)
+        x = x + post_norm(pj.o(a.transpose(1, 2).reshape(n, t, -1)), ln_attn_out, off)
+        gate, up = pj.gate_up(rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
+        x = x + post_norm(pj.down(activation(layer.mlp)(gate) * up), ln_mlp_out, off)
     return rms(x[:, -1], inner.norm, arch.norm_offset)
-
-
-def _out(y: Tensor, norm, offset: float) -> Tensor:
-    """A sublayer's output, normalised where the architecture has a norm there (gemma3)."""
-    return y if norm is None else rms(y, norm, offset)
 
 
 def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, rows_per_prompt: int,
@@ -170,8 +172,8 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
     x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
-    # one rotary call over every position, as transformers makes for the whole sequence (longrope picks its factors
-    # from the longest position in a call), then split: prompt tables (b, 1, P, R), completion tables (N, 1, T, R)
+    # one rotary call over all positions, as for a whole sequence in transformers (longrope's factors follow the
+    # longest position of a call), split into prompt tables (b, 1, P, R) and completion tables (N, 1, T, R)
     tables = rotary_tables(inner, arch, x, torch.cat([p_pos.reshape(-1), c_pos.reshape(-1)])[None])  # (1, 1, M, R)
     tables_p = {k: tuple(u[0, 0, :b * p].reshape(b, 1, p, -1) for u in cs) for k, cs in tables.items()}
     tables_c = {k: tuple(u[0, 0, b * p:].reshape(n, 1, t, -1) for u in cs) for k, cs in tables.items()}
@@ -196,7 +198,7 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
         values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
         ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)  # (N, H, T, D)
         a = torch.cat([ap.transpose(1, 2).reshape(split, -1), ac.transpose(1, 2).reshape(n * t, -1)])
-        return _mlp(layer, x + _out(attn.o_proj(a), ln_attn_out, off), arch)
+        return _mlp(layer, x + post_norm(attn.o_proj(a), ln_attn_out, off), arch)
 
     for i, layer in enumerate(inner.layers):
         if checkpointing and torch.is_grad_enabled():
@@ -340,7 +342,7 @@ def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, p
         attn, pj = layer.self_attn, projs[i]
         ln_attn, ln_attn_out, ln_mlp, ln_mlp_out = layer_norms(layer, arch)
         d, hkv = attn.head_dim, cache.prompt[i][0].shape[1]
-        qkv = pj.qkv(_rms_one(x, ln_attn, off))
+        qkv = pj.qkv(rms_one(x, ln_attn, off))
         nk = hkv * d
         nq = qkv.shape[1] - 2 * nk
         qk = qkv[:, :nq + nk].view(n, -1, 1, d)  # q and k heads, normalised and rotated together
@@ -354,9 +356,9 @@ def decode_step(net, projs: list[LayerProjs], cache: PrefixCache, tok: Tensor, p
         vc[:, :, t] = qkv[:, nq + nk:].view(n, hkv, d)
         a = _shared_prefix_attention(q, cache.prompt[i], kc, vc, biases[arch.window[i]], attn.scaling,
                                      rows, b, g, full)
-        x = x + _out(pj.o(a.reshape(n, -1)), ln_attn_out, off)
-        gate, up = pj.gate_up(_rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
-        x = x + _out(pj.down(_act(layer.mlp)(gate) * up), ln_mlp_out, off)
+        x = x + post_norm(pj.o(a.reshape(n, -1)), ln_attn_out, off)
+        gate, up = pj.gate_up(rms_one(x, ln_mlp, off)).chunk(2, dim=-1)
+        x = x + post_norm(pj.down(activation(layer.mlp)(gate) * up), ln_mlp_out, off)
     return rms(x, inner.norm, off)
 
 
@@ -365,13 +367,6 @@ def _window_bias(bias: Tensor, slot: int, window: int) -> Tensor:
     then the row's own) and sees only the slots after slot - window (slots and positions differ by the row's
     left padding alone, so distances are the same)."""
     return bias.clone().index_fill_(-1, torch.arange(max(0, min(slot - window + 1, bias.shape[-1]))), -math.inf)
-
-
-def _rms_one(x: Tensor, norm, offset: float = 0.0) -> Tensor:
-    """RMSNorm as one fused call (fp32 inside): for sampling, where every op of a decode step counts."""
-    if offset:
-        return rms(x, norm, offset)
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, norm_eps(norm))
 
 
 def _shared_prefix_attention(q, prompt_kv, kc, vc, bias, scale, rows, b, g, full):
