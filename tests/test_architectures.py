@@ -260,3 +260,24 @@ def test_doctor_names_the_fast_path():
     f = doctor.facts(0.1)
     assert set(f["fast_path"]) >= {"qwen3", "gemma3_text", "smollm3", "phi3"}
     assert "fast path   llama, qwen2" in doctor.render(f)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3_text", "smollm3", "phi3_sliding"])
+def test_activation_estimate_tracks_each_architecture(name):
+    """batching.activation_bytes (micro-batch sizing, the planner's peak) against what the training forward keeps,
+    as tests/test_batching.py checks it for llama: q/k norms, Gemma's extra norms and GELU counted."""
+    from test_batching import kept_bytes
+
+    from cpu_grpo.engine.batching import activation_bytes
+
+    cls, fields = _configs()[name]
+    fields = {**fields, "num_hidden_layers": 2, **({"head_dim": 32} if "head_dim" in fields else {})}
+    fields.pop("layer_types", None), fields.pop("no_rope_layers", None)
+    torch.manual_seed(0)
+    cfg = cls(**{**COMMON, **fields, "hidden_size": 128, "intermediate_size": 512, "vocab_size": 512,
+                 "pad_token_id": 0})
+    model = AutoModelForCausalLM.from_config(cfg).train()
+    p, t = 24, 48
+    measured = (kept_bytes(model, p, t, 6) - kept_bytes(model, p, t, 2)) / 4  # a row's worth
+    estimate = (activation_bytes(cfg, p, t, 6) - activation_bytes(cfg, p, t, 2)) / 4
+    assert estimate == pytest.approx(measured, rel=0.1)  # 1-4% high here

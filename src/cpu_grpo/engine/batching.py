@@ -73,14 +73,20 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     norms (16 H), the bf16 inputs of the projections (4 H), q and k around the rotary embedding (6 q + 4 kv),
     the attention output (2 q), gate, up and their product (6 I); per completion row and layer, the prompt's
     keys and values repeated for the row and the attention probabilities; per completion token, the final norm
-    and the lm_head's input (10 H); the lm_head's softmax if it fits in 256 MB. It reads 3-8% above the
-    allocations measured on small models (tests/test_batching.py) and on real shapes (bench/dev/activation_bytes.py).
+    and the lm_head's input (10 H); the lm_head's softmax if it fits in 256 MB; qwen3's and gemma3's q/k norms
+    and Gemma's extra norms and GELU (measured on small models of each, tests/test_architectures.py). It reads 3-8%
+    above the allocations measured on small models (tests/test_batching.py) and on real shapes
+    (bench/dev/activation_bytes.py).
     Models off the llama fast path, and training without autocast, keep more.
     """
     h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    token = layers * (20 * h + 6 * i + 8 * q + 4 * kv)
+    kind = getattr(cfg, "model_type", "")
+    extra = 6 * (q + kv) if kind in ("qwen3", "gemma3_text") else 0  # q/k norms: their input and fp32 output
+    if kind == "gemma3_text":  # the norms after attention and MLP, and GELU's output (SiLU's is recomputed)
+        extra += 20 * h + 2 * i
+    token = layers * (20 * h + 6 * i + 8 * q + 4 * kv + extra)
     seq = prompt_len + completion_len
     row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * cfg.num_attention_heads * completion_len)
     prompt = prompt_len * token + layers * 2 * cfg.num_attention_heads * prompt_len**2
