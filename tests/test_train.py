@@ -230,7 +230,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
         return (loss * math.nan if r_step["n"] >= 1 else loss), st
 
     r_step = {"n": 0}
-    real_update = step_mod._update
+    real_update = step_mod._iteration  # one pass a step (num_iterations 1)
 
     def counting_update(r, *args, **kw):
         r_step["n"] = r.step
@@ -238,7 +238,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
         return real_update(r, *args, **kw)
 
     monkeypatch.setattr(step_mod, "grpo_loss", nan_after_first_step)
-    monkeypatch.setattr(step_mod, "_update", counting_update)
+    monkeypatch.setattr(step_mod, "_iteration", counting_update)
     out, lines = tmp_path / "nan", []
     with pytest.raises(step_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
         train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),

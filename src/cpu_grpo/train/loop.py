@@ -186,15 +186,14 @@ def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set,
         step = grpo_step(r, ref, reward_fns, draw, stop)
         if step is None:
             break
-        record, rollout, total, per_fn, adv = step
         if priority:
-            priority.count(r.type_counts, rollout.batch, next(iter(per_fn.values())))
+            priority.count(r.type_counts, step.rollout.batch, next(iter(step.per_fn.values())))
         promoted_at = promoted(r, stage, val)
-        record = {**record, "stage": stage.name, "stage_index": k, "stage_steps": stage.steps,
+        record = {**step.record, "stage": stage.name, "stage_index": k, "stage_steps": stage.steps,
                   **({"validation_accuracy": promoted_at} if promoted_at is not None else {})}
         tracker.log(record)
         if main:
-            log_groups(r, stage.name, rollout, per_fn, total, adv, tracker)
+            log_groups(r, stage.name, step, tracker)
             write_status(r.dir, state="training", step=r.step)
         if promoted_at is not None and promoted_at >= stage.promote_at:
             r.log(f"stage '{stage.name}' promoted at step {r.stage_step}: validation accuracy {promoted_at:.3f} >= "

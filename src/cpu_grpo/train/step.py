@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -81,14 +82,27 @@ class Rollout:
                        self.texts + other.texts, self.truncated + other.truncated)
 
 
-@dataclass
-class Update:
-    """What one update did: loss sums over micro-batches, gradient norm, micro-batch size, groups trained."""
+class Update(NamedTuple):
+    """What one update did: loss sums over micro-batches, gradient norm, whether an optimizer step was taken (not
+    when no rank trained a group, or the gradient was not finite), micro-batch size, groups trained."""
 
     sums: dict
     grad_norm: float
-    micro_batch: int
-    groups: list[int]
+    stepped: bool
+    micro_batch: int = 0
+    groups: list | tuple = ()  # of the rollout it was given
+
+
+class StepResult(NamedTuple):
+    """One GRPO step over every group sampled: its metrics.jsonl record, the rollout (B groups of G: N = B*G), the
+    weighted total reward (N,), each reward function's values (N each) and the advantages (N,) (0 for groups not
+    trained)."""
+
+    record: dict
+    rollout: Rollout
+    total: torch.Tensor
+    per_fn: dict[str, list[float]]
+    adv: torch.Tensor
 
 
 def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
@@ -150,27 +164,33 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
                                                  max(lengths, default=1), g)
     mb = min(mb, r.micro_cap or mb)
     while True:
-        stepped: list[bool] = []
         try:
-            sums, grad_norm = _update(r, ref, rollout, groups, bool(trained), adv, mb, stepped)
+            fixed = _fixed_logprobs(r, ref, rollout, groups, mb)
+            first = _iteration(r, rollout, groups, bool(trained), adv, mb, fixed)
             break
-        except (RuntimeError, MemoryError) as e:
-            if stepped or mb <= 1 or not _out_of_memory(e):
+        except (RuntimeError, MemoryError) as e:  # nothing was stepped yet: the same update, smaller pieces
+            if mb <= 1 or not _out_of_memory(e):
                 raise
         r.opt.zero_grad(set_to_none=True)
         r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
               f"with {mb // 2}")
         mb = r.micro_cap = mb // 2
-    _count_non_finite(r, grad_norm, sums["loss"], r.log)
+    passes = [first]
+    while len(passes) < cfg.num_iterations and passes[-1].stepped:  # a skipped step ends the update
+        passes.append(_iteration(r, rollout, groups, bool(trained), adv, mb, fixed))
+    sums = {k: sum(p.sums[k] for p in passes) / cfg.num_iterations for k in first.sums}
+    summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
+    sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
+    _count_non_finite(r, passes[-1].grad_norm, sums["loss"], r.log)
     r.sched.step()
     r.sampler.refresh()
-    return Update(sums, grad_norm, mb, trained)
+    return Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained)
 
 
-def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
+def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
     """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the step's r.prompts problems at position
-    `pos` of the stage's order. Returns (record, rollout, total, per_fn, adv) over every group sampled, or None when
-    a stop was requested during sampling (the rollout is discarded: the last complete step is what gets saved)."""
+    `pos` of the stage's order. Returns what it did over every group sampled, or None when a stop was requested
+    during sampling (the rollout is discarded: the last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
     t0 = time.time()
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
@@ -203,13 +223,13 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> tuple | None:
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
     upd = update(r, ref, rollout.groups(keep, g), adv[rows])
-    upd.groups = [keep[i] for i in upd.groups]
+    upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
     r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + drawn
     record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))
     record |= {"sample_batches": len(parts), "groups": len(rollout.batch)}
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
-    return record, rollout, total, per_fn, adv
+    return StepResult(record, rollout, total, per_fn, adv)
 
 
 def stop_agreed(r: Run, stop: StopFlag) -> bool:
@@ -260,58 +280,60 @@ def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd:
     }
 
 
-def _update(r: Run, ref, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
-            stepped: list) -> tuple[dict, float]:
-    """Old/reference log-probs when needed, then num_iterations optimizer steps over micro-batches of `mb`
-    sequences of this rank's `groups` (appending to `stepped` at each); the gradients are summed over the ranks
-    when any rank trained a group. Returns loss statistics (summed over the ranks) and the gradient norm."""
-    cfg, model, g, pad = r.cfg, r.model, r.cfg.num_generations, r.tok.pad_token_id
-    prompts, completions = rollout.prompts, rollout.completions
-    lengths = [len(c) for c in completions]
-    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": r.limit}
-    fixed = {}  # old and reference log-probs, computed once before the updates
+def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -> dict:
+    """Old (num_iterations > 1) and reference (beta > 0) log-probs of this rank's groups, per micro-batch, computed
+    once before the updates."""
+    cfg, g, pad = r.cfg, r.cfg.num_generations, r.tok.pad_token_id
+    lengths = [len(c) for c in rollout.completions]
+    fixed = {}
     if cfg.num_iterations > 1 or ref is not None:
         with torch.no_grad():
             for part, samples in micro_batches(groups, g, mb, lengths):
-                if cfg.num_iterations > 1:
-                    fixed[part, samples, "old"] = group_logprobs(
-                        model, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
-                if ref is not None:
-                    fixed[part, samples, "ref"] = group_logprobs(
-                        ref, prompts, completions, part, g, pad, cfg.temperature, r.autocast, samples=samples)[0]
+                for kind, net in (("old", r.model if cfg.num_iterations > 1 else None), ("ref", ref)):
+                    if net is not None:
+                        fixed[part, samples, kind] = group_logprobs(net, rollout.prompts, rollout.completions, part,
+                                                                    g, pad, cfg.temperature, r.autocast,
+                                                                    samples=samples)[0]
+    return fixed
+
+
+def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
+               fixed: dict) -> Update:
+    """One optimizer step over micro-batches of `mb` sequences of this rank's `groups`: the loss's gradient, summed
+    over the ranks when any rank trained a group, EWC, clipping, the step (never one with a non-finite gradient).
+    Returns this pass's loss sums (this rank's), its gradient norm and whether it stepped."""
+    cfg, model, g = r.cfg, r.model, r.cfg.num_generations
+    prompts, completions = rollout.prompts, rollout.completions
+    lengths = [len(c) for c in completions]
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": r.limit}
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
-    grad_norm = torch.tensor(0.0)
-    for _ in range(cfg.num_iterations):
+    r.opt.zero_grad(set_to_none=True)
+    for part, samples in micro_batches(groups, g, mb, lengths):
+        logp, mask = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id, cfg.temperature,
+                                    r.autocast, cfg.gradient_checkpointing, samples)
+        rows = [i * g + j for i in part for j in samples]
+        loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
+                             fixed.get((part, samples, "ref")), adv[rows], mask, norm,
+                             cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
+        loss.backward()
+        sums["loss"] += loss.item()
+        for key, v in st.items():
+            sums[key] += v
+    if any_rank:
+        r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
+    # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
+    # decoupled, it pulls the weights back after the optimizer step instead
+    sums["ewc_penalty"], sums["ewc_grad_norm"] = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
+    if not (any_rank or r.ewc.fisher and cfg.ewc_lambda):
+        return Update(sums, 0.0, False)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+    if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
         r.opt.zero_grad(set_to_none=True)
-        for part, samples in micro_batches(groups, g, mb, lengths):
-            logp, mask = group_logprobs(model, prompts, completions, part, g, pad, cfg.temperature,
-                                        r.autocast, cfg.gradient_checkpointing, samples)
-            rows = [i * g + j for i in part for j in samples]
-            loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
-                                 fixed.get((part, samples, "ref")), adv[rows], mask, norm,
-                                 cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
-            loss.backward()
-            sums["loss"] += loss.item() / cfg.num_iterations
-            for key, v in st.items():
-                sums[key] += v / cfg.num_iterations
-        if any_rank:
-            r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
-        # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
-        # decoupled, it pulls the weights back after the optimizer step instead
-        penalty, ewc_grad_norm = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
-        sums["ewc_penalty"] += penalty / cfg.num_iterations
-        sums["ewc_grad_norm"] += ewc_grad_norm / cfg.num_iterations
-        if any_rank or r.ewc.fisher and cfg.ewc_lambda:
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
-            if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
-                r.opt.zero_grad(set_to_none=True)
-                break
-            r.opt.step()
-            if cfg.ewc_decoupled:
-                r.ewc.pull(model, cfg.ewc_lambda, r.sched.get_last_lr()[0])
-            stepped.append(True)
-    summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
-    return {**sums, **dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))}, float(grad_norm)
+        return Update(sums, float(grad_norm), False)
+    r.opt.step()
+    if cfg.ewc_decoupled:
+        r.ewc.pull(model, cfg.ewc_lambda, r.sched.get_last_lr()[0])
+    return Update(sums, float(grad_norm), True)
 
 
 def _count_non_finite(r: Run, grad_norm: float, loss: float, log) -> None:
@@ -354,10 +376,10 @@ def _out_of_memory(e: BaseException) -> bool:
             or "out of memory" in str(e).lower())
 
 
-def log_groups(r: Run, stage: str, rollout: Rollout, per_fn: dict, total, adv, tracker) -> None:
+def log_groups(r: Run, stage: str, step: StepResult, tracker) -> None:
     """Every group of the step, for inspection: prompt, G completions, rewards per function, advantages; and every
     `log_completions_every` steps a table of them for the report_to trackers."""
-    g = r.cfg.num_generations
+    g, (rollout, total, per_fn, adv) = r.cfg.num_generations, step[1:]
     for i, ex in enumerate(rollout.batch):
         sl = slice(i * g, (i + 1) * g)
         append_jsonl(r.dir / "groups.jsonl", {
