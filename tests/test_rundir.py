@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import doctest
 import json
-import re
+import subprocess
+from pathlib import Path
 
 from cpu_grpo import rundir
 from cpu_grpo.rundir import cut_jsonl, read_jsonl, stage_eval_path
@@ -32,4 +33,11 @@ def test_code_version_names_a_commit_or_the_version():
     from cpu_grpo import __version__
 
     v = rundir.code_version()
-    assert v == __version__ or re.fullmatch(r"[0-9a-f]{12}(-dirty)?", v), v
+    head = subprocess.run(["git", "-C", str(Path(rundir.__file__).parent), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode:  # not a git checkout (an installed wheel): the package's version
+        assert v == __version__
+    else:  # this checkout's commit, "-dirty" exactly when the package has uncommitted changes
+        dirty = subprocess.run(["git", "-C", str(Path(rundir.__file__).parent), "status", "--porcelain",
+                                "--untracked-files=no", "."], capture_output=True, text=True).stdout.strip()
+        assert v == head.stdout.strip() + ("-dirty" if dirty else "")
