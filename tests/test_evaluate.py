@@ -89,3 +89,36 @@ def test_run_sampled_groups_seed_and_output(tmp_path):
     assert [r["completions"] for r in records] == [texts[:2], texts[2:]]
     assert [r["pass_at"]["1"] for r in records] == [0.5, 1.0] and [r["maj_correct"] for r in records] == [True, True]
     assert read_jsonl(path) == records
+
+
+def test_records_are_written_as_made_and_a_rerun_continues(tmp_path):
+    """A stop after the first batch keeps its records; the same evaluation again evaluates only the rest; a file of
+    other problems is refused."""
+    import pytest
+
+    from cpu_grpo.errors import UserError
+
+    examples = [Example(f"Q{i}?", str(i), "basic", "", f"b-{i}") for i in range(6)]
+    texts = [f"#### {i}" for i in range(6)]
+    path = tmp_path / "eval.jsonl"
+    first = evaluate.run_eval(ScriptedSampler(), ScriptedTok(texts), examples, "", GREEDY, path, log=lambda *a: None,
+                              batch_size=2, stop=lambda: True)
+    assert [r["id"] for r in first] == ["b-0", "b-1"] and read_jsonl(path) == first
+    with open(path, "a") as f:
+        f.write('{"id": "b-2", "compl')  # a kill in the middle of a line
+    sampler = ScriptedSampler()
+    again = evaluate.run_eval(sampler, ScriptedTok(texts[2:]), examples, "", GREEDY, path, log=lambda *a: None,
+                              batch_size=2)
+    assert [c["n"] for c in sampler.calls] == [2, 2] and [r["id"] for r in again] == [f"b-{i}" for i in range(6)]
+    assert [r["id"] for r in read_jsonl(path)] == [f"b-{i}" for i in range(6)] and all(r["correct"] for r in again)
+    with pytest.raises(UserError, match="holds records of other problems"):
+        evaluate.run_eval(ScriptedSampler(), ScriptedTok(texts), examples[:3], "", GREEDY, path, log=lambda *a: None)
+
+
+def test_eval_refuses_an_output_whose_directory_is_missing_before_loading_anything(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cpu_grpo.cli", "eval", "--model", str(tmp_path / "no-model"),
+                          "--output", str(tmp_path / "missing" / "e.jsonl")], capture_output=True, text=True)
+    assert out.returncode == 2 and "its directory does not exist: create it" in out.stderr

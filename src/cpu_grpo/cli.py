@@ -68,6 +68,9 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def cmd_eval(args) -> int:
+    import signal
+    from pathlib import Path
+
     if args.samples < 0 or (args.samples > 0 and args.temperature <= 0) or args.max_new_tokens < 1:
         print("cpu-grpo: --samples must be >= 0, sampling needs --temperature > 0, and --max-new-tokens >= 1.",
               file=sys.stderr)
@@ -81,6 +84,10 @@ def cmd_eval(args) -> int:
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
 
+    if args.output and not Path(args.output).resolve().parent.is_dir():  # found now, not after the evaluation
+        print(f"cpu-grpo: --output {args.output}: its directory does not exist: create it, or choose another path.",
+              file=sys.stderr)
+        return 2
     trained = _trained_with(args.model)  # a checkpoint is asked the way it was trained, unless told otherwise
     ask = {k: getattr(args, k) if getattr(args, k) is not None else trained[k]
            for k in ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward")}
@@ -100,7 +107,18 @@ def cmd_eval(args) -> int:
         print(sampled_table(sampled_summary(records)))
         return 0
     greedy = Sampling(args.max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
-    records = run_eval(sampler, tok, examples, instruction, greedy, args.output, system=system, judge=judge)
+    asked = []  # SIGTERM or Ctrl-C: the batch at hand finishes, its records are written, the evaluation ends
+
+    def on_signal(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+        print("stop requested: finishing this batch and keeping its records (again to abort)", flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    records = run_eval(sampler, tok, examples, instruction, greedy, args.output, system=system, judge=judge,
+                       stop=lambda: bool(asked))
     print(level_tables(metric_summary(records)))
     return 0
 

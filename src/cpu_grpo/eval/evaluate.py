@@ -67,36 +67,68 @@ class Judge:
 
 
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
-             batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge()) -> list[dict]:
+             batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge(), stop=lambda: False) -> list[dict]:
     """One completion for every example (greedy: `sampling` with temperature 0), asked as `Example.chat` says (the
     instruction appended to math questions, the system turn), in equal batches of at most `batch_size`; one record
-    per problem (correct as `judge` decides; finished: the model ended it within the limit), written as JSONL when
-    out_path is given."""
+    per problem (correct as `judge` decides; finished: the model ended it within the limit).
+
+    With `out_path`, each batch's records are appended as soon as they are made, and the problems that file already
+    holds are not evaluated again (a rerun continues where a killed one ended); `stop()` true after a batch ends the
+    evaluation there, its records kept."""
     from ..engine.rollout import encode_prompts
 
     use_mv = metrics.math_verify_available()
     if not use_mv and any(ex.math for ex in examples):
         log("  note: math-verify is not installed, so correct_math_verify stays empty (pip install math-verify)")
+    kept = _kept(out_path, examples, log)
+    todo = [ex for ex in examples if ex.id not in kept]
     records, t0 = [], time.time()
-    batch_size = equal_batches(len(examples), batch_size)[1]
-    for i in range(0, len(examples), batch_size):
-        part = examples[i:i + batch_size]
+    batch_size = equal_batches(len(todo), batch_size)[1] if todo else 1
+    for i in range(0, len(todo), batch_size):
+        part = todo[i:i + batch_size]
         outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1, sampling)
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
         judged = judge.scores(part, texts, outs, log)
-        for ex, ids, text, right in zip(part, outs, texts, judged, strict=True):
-            kind = {"template": ex.template} if ex.template else {}
-            scored = metrics.score_completion(text, ex.answer, ex.solution, use_mv) if right is None else \
-                {"pred": verifiers.final_answer(text)[:200], "correct": right}
-            records.append({"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question,
-                            "answer": ex.answer, "completion": text,
-                            "finished": bool(ids) and ids[-1] in sampling.stops, **scored})
-        done = len(records)
-        log(f"  eval {done}/{len(examples)}: accuracy so far {sum(r['correct'] for r in records) / done:.3f} "
-            f"({time.time() - t0:.0f}s)")
-    if out_path is not None:
-        Path(out_path).write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
+        new = [_record(ex, text, ids, right, sampling, use_mv)
+               for ex, ids, text, right in zip(part, outs, texts, judged, strict=True)]
+        if out_path is not None:
+            with open(out_path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in new))
+        records += new
+        log(f"  eval {len(kept) + len(records)}/{len(examples)}: accuracy so far "
+            f"{sum(r['correct'] for r in records) / len(records):.3f} ({time.time() - t0:.0f}s)")
+        if stop():
+            log(f"  stopped after {len(kept) + len(records)} of {len(examples)} problems"
+                + (f"; the same command continues from {out_path}" if out_path is not None else ""))
+            break
+    by_id = {**kept, **{r["id"]: r for r in records}}
+    return [by_id[ex.id] for ex in examples if ex.id in by_id]
+
+
+def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool) -> dict:
+    kind = {"template": ex.template} if ex.template else {}
+    scored = metrics.score_completion(text, ex.answer, ex.solution, use_mv) if right is None else \
+        {"pred": verifiers.final_answer(text)[:200], "correct": right}
+    return {"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question, "answer": ex.answer,
+            "completion": text, "finished": bool(ids) and ids[-1] in sampling.stops, **scored}
+
+
+def _kept(out_path: Path | None, examples: list, log) -> dict[str, dict]:
+    """The records an earlier run of the same evaluation left in out_path, by id (a half-written last line is cut);
+    a file of other problems is refused."""
+    from ..errors import UserError
+    from ..rundir import cut_jsonl, read_jsonl
+
+    if out_path is None or not Path(out_path).exists():
+        return {}
+    cut_jsonl(Path(out_path), 10**12)  # a line cut off by a kill
+    kept = {r["id"]: r for r in read_jsonl(Path(out_path)) if "id" in r}
+    ids = {ex.id for ex in examples}
+    if kept and not set(kept) <= ids:
+        raise UserError(f"{out_path} holds records of other problems: choose another --output, or move it away.")
+    if kept:
+        log(f"  continuing: {len(kept)} of {len(examples)} problems already in {out_path}")
+    return kept
 
 
 def sampled_record(ex: tasks.Example, texts: list[str], judged: list | None = None) -> dict:
