@@ -83,8 +83,7 @@ def _mlp(layer, x: Tensor, arch: Arch) -> Tensor:
     gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1) if arch.fused else (mlp.gate_proj(h), mlp.up_proj(h))
     act_fn = activation(mlp)
     act = _SwiGLU.apply(gate, up) if torch.is_grad_enabled() and _is_silu(act_fn) else act_fn(gate) * up
-    out = mlp.down_proj(act)
-    return x + (out if ln_out is None else rms(out, ln_out, arch.norm_offset))
+    return x + post_norm(mlp.down_proj(act), ln_out, arch.norm_offset)
 
 
 def _is_silu(fn) -> bool:
