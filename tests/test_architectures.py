@@ -245,6 +245,7 @@ def test_a_model_off_the_fast_path_says_so_and_still_works(tokenizer_dir, tmp_pa
     assert len(said) == 1 and "'olmo2' is not on the fast path" in said[0]
     assert f"{GENERIC_SLOWDOWN['rollout']:.1f}x slower in rollouts" in said[0]
     assert not arch.supports(model) and not Shapes.of(model.config).fast
+    _plan_says_so(str(tmp_path), Shapes.of(model.config))
     model.eval()
     sampler = Sampler(model, dtype=torch.float32)
     assert not sampler.fast
@@ -252,6 +253,22 @@ def test_a_model_off_the_fast_path_says_so_and_still_works(tokenizer_dir, tmp_pa
     out = sampler.generate(PROMPTS, 1, Sampling(8, (eos,), model.config.pad_token_id, 0))
     assert out == [hf_greedy(model, p, 8, eos) for p in PROMPTS]
     test_training_logprobs_equal_the_hf_forward(model)
+
+
+def _plan_says_so(where: str, shapes) -> None:
+    """`cpu-grpo plan` of a model off the fast path: the generic path's measured factors, and a line saying so."""
+    import dataclasses
+
+    from cpu_grpo import config
+    from cpu_grpo.engine.arch import GENERIC_SLOWDOWN
+    from cpu_grpo.machine.planner import Machine, predict, render
+
+    cfg, machine = config.build(None, None, dict(model=where)), Machine(bf16_gflops=500.0, bandwidth_gbs=20.0)
+    slow, fast = predict(cfg, shapes, machine), predict(cfg, dataclasses.replace(shapes, fast=True), machine)
+    assert slow.rollout_s == pytest.approx(fast.rollout_s * GENERIC_SLOWDOWN["rollout"])
+    assert slow.update_s == pytest.approx(fast.update_s * GENERIC_SLOWDOWN["update"])
+    assert "off the fast path" in render(cfg, slow, machine, where)
+    assert "off the fast path" not in render(cfg, fast, machine, where)
 
 
 def test_doctor_names_the_fast_path():

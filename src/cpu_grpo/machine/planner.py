@@ -114,6 +114,7 @@ class Prediction:
     peak_gb: float
     steps: int
     eval_s: float
+    fast: bool = True  # the model is on the engine's fast path
 
     @property
     def step_s(self) -> float:
@@ -134,7 +135,8 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
     phases = [(n, _step_seconds(c, shapes, machine, t, prompt_len)) for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
     peak = max(peak_gb(c, shapes, t, prompt_len) for _, t, c in stages)
-    return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len))
+    return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len),
+                      shapes.fast)
 
 
 def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
@@ -220,6 +222,8 @@ def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t
 
 
 def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
+    from ..engine.arch import GENERIC_SLOWDOWN
+
     h = pred.wall_s / 3600
     stages = plan(cfg)
     own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in stages if s.max_new_tokens)
@@ -234,6 +238,9 @@ def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> 
         "every completion at the token limit; shorter completions are faster",
         *([f"              (the rollout: {cfg.dynamic_sampling} batches of prompts, the most dynamic sampling draws)"]
           if cfg.dynamic_sampling > 1 else []),
+        *([f"              (off the fast path: the generic path's measured slowdown included, "
+             f"{GENERIC_SLOWDOWN['rollout']:.1f}x in rollouts, {GENERIC_SLOWDOWN['update']:.1f}x in updates)"]
+          if not pred.fast else []),
         f"  peak memory {pred.peak_gb:.1f} GB",
         f"  evaluation  {pred.eval_s / 60:.0f} min",
         f"  the run     {pred.wall_s / 60:.0f} min ({h:.1f} h)",
