@@ -133,6 +133,16 @@ def test_seeded_sampling_replays_and_differs_across_seeds(model):
     assert run[0] == run[1] and run[0] != run[2]
 
 
+def test_released_copy_comes_back_with_the_policy_weights(model):
+    """The sampler frees its copy during the update and refills it after (fused buffers included: phi3's are its
+    own modules' weights)."""
+    sampler = Sampler(model, dtype=torch.float32)
+    before = sampler.generate(PROMPTS, 2, Sampling(8, (0,), 0, temperature=0))
+    sampler.release()
+    assert all(p.numel() == 0 for p in sampler.net.parameters())
+    assert sampler.generate(PROMPTS, 2, Sampling(8, (0,), 0, temperature=0)) == before
+
+
 COMPLETIONS = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 9], [12, 13, 14, 15, 16, 17, 18, 19], []]
 
 
