@@ -200,15 +200,17 @@ def test_lora_gradients_equal_the_generic_path(model, monkeypatch):
 
 def test_lora_sampled_unmerged_equals_generate(model):
     """LoRA applied apart from the frozen base (the sampler's LoRA route: phi3's fused modules carry one adapter
-    each) gives what generate() gives on the peft model."""
+    each) gives what generate() gives on the peft model, and so does a copy with the adapters merged."""
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
     sampler = Sampler(lora, dtype=torch.float32)
     assert sampler.unmerged
     eos = model.config.eos_token_id
-    out = sampler.generate(PROMPTS, 1, Sampling(12, (eos,), model.config.pad_token_id, 0))
+    s = Sampling(12, (eos,), model.config.pad_token_id, 0)
+    out = sampler.generate(PROMPTS, 1, s)
     assert out == [hf_greedy(lora, p, 12, eos) for p in PROMPTS]
+    assert Sampler(lora, dtype=torch.float32, copy=True).generate(PROMPTS, 1, s) == out  # adapters merged in a copy
 
 
 @pytest.mark.slow
