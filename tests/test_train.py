@@ -336,22 +336,44 @@ def fading_reward(completions, **kw):
 
 
 def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives_rotation(tiny_model, tmp_path):
-    """A reward that scores nothing after step 2 (as after a learning rate that wrecked the model): the checkpoints
-    of steps 3-6 say so, the rotation (keep 2) keeps step 2's beside the newest two, and with on_collapse: stop the
-    run stops at step 7 with one sentence naming step 2's checkpoint."""
+    """A reward that scores nothing after step 2 (as after a learning rate that wrecked the model in step 2's update):
+    step 2's rollouts were sampled by step 1's weights, the last known good; the rotation (keep 2) keeps step 1's
+    checkpoint beside the newest two (step 2's weights never sampled a step with a signal), and with on_collapse:
+    stop the run stops at step 7 with one sentence naming step 1's checkpoint."""
     fading = tmp_path / "fading.py"
     fading.write_text(FADING)
     out = tmp_path / "run"
     cfg = tiny_cfg(tiny_model, out, fading, eval_size=0, steps=10, save_every=1, keep_checkpoints=2,
                    rewards=[f"{fading}:fading_reward"], on_collapse="stop")
-    with pytest.raises(TrainingError, match=r"on_collapse: stop.*step-000002 holds the weights of the last step"):
+    with pytest.raises(TrainingError, match=r"on_collapse: stop.*step-000001 holds the newest weights whose rollouts"):
         train(cfg, log=lambda *a: None)
     kept = checkpoint.complete(out / "checkpoints")
-    assert [c.name for c in kept] == ["step-000002", "step-000005", "step-000006"]
-    assert [(c / checkpoint.NO_SIGNAL_FILE).exists() for c in kept] == [False, True, True]
+    assert [c.name for c in kept] == ["step-000001", "step-000005", "step-000006"]
+    assert [(c / checkpoint.GOOD_FILE).exists() for c in kept] == [True, False, False]
     assert [m["frac_zero_std"] for m in read_jsonl(out / "metrics.jsonl")][2:] == [1.0] * 4
     with pytest.raises(ConfigError, match="on_collapse must be warn or stop"):
         tiny_cfg(tiny_model, out, fading, on_collapse="halt")
+
+
+def test_an_update_that_explodes_or_vanishes_but_stays_finite_is_said(tiny_model, tmp_path, reward_file, monkeypatch):
+    """A gradient norm of 5e5 (finite: the update goes through) and then exactly 0 with a non-zero loss each get a
+    warning line; a collapse after a wrecking update names the base model when no checkpoint is known good."""
+    import cpu_grpo.train.step as step_mod
+
+    norms = iter([5e5, 0.0, 1.0])
+    real = torch.nn.utils.clip_grad_norm_
+
+    def scripted(params, max_norm):
+        real(params, max_norm)
+        return torch.tensor(next(norms, 1.0))
+
+    monkeypatch.setattr(step_mod.torch.nn.utils, "clip_grad_norm_", scripted)
+    lines = []
+    train(tiny_cfg(tiny_model, tmp_path / "run", reward_file, eval_size=0, steps=3), log=lines.append)
+    said = [str(x) for x in lines if "warning: step" in str(x)]
+    assert any("step 1: the gradient norm is 5e+05" in x and "exploded" in x for x in said), said
+    assert any("step 2: the gradient is exactly 0 with a loss of" in x for x in said), said
+    assert not any("step 3:" in x for x in said)
 
 
 SOME_GROUPS = """

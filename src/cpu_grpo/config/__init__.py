@@ -114,8 +114,8 @@ class TrainConfig:
     output_dir: str = _f("", "where the run goes (default: runs/<run_name>)")
     run_name: str = _f("", "name of the run (default: the profile and a timestamp)")
     save_every: int = _f(20, "save a checkpoint every N steps (and always at the end)")
-    keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first; the newest one saved after a "
-                                  "step that taught something is kept too)")
+    keep_checkpoints: int = _f(2, "complete checkpoints kept (oldest removed first; the newest one whose weights "
+                                  "sampled a step that taught something is kept too)")
     on_collapse: str = _f("warn", "when every group's rewards have been all equal for 5 steps in a row (nothing is "
                                   "learned): warn, or stop the run")
     threads: int = _f(0, "torch threads (0: one per physical core)")

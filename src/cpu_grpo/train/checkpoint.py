@@ -6,7 +6,7 @@ runs/<name>/checkpoints/step-000020/
   trainer_state.pt          (optimizer, scheduler, RNG, step, stage, data position)
   ewc.safetensors           (accumulated Fisher and anchors, once a stage has ended with ewc_lambda > 0)
   STAGE_END                 (the stage's name, in the checkpoint that ends a curriculum stage; kept forever)
-  NO_SIGNAL                 (the step before it taught nothing: every group's rewards were all equal)
+  SAMPLED_SIGNAL            (these weights sampled a step that taught something: written at that next step)
 A checkpoint is written to a hidden temporary directory and renamed when complete, so a crash mid-save
 never leaves something that looks complete. Directories starting with '.' are ignored by `latest`.
 torch is imported where it is used, so that the web app lists checkpoints without loading it.
@@ -29,19 +29,18 @@ if TYPE_CHECKING:
 
 STATE_FILE = "trainer_state.pt"
 STAGE_FILE = "STAGE_END"
-NO_SIGNAL_FILE = "NO_SIGNAL"
+GOOD_FILE = "SAMPLED_SIGNAL"
 _NAME = re.compile(r"^step-(\d+)$")
 
 
 def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int = 2, tag: str = "",
-         extra=None, no_signal: int = 0) -> Path:
+         extra=None) -> Path:
     """Write checkpoint step-NNNNNN (complete or not at all); keep the newest `keep` checkpoints.
 
     A checkpoint with a `tag` (the end of a curriculum stage) gets a STAGE_END file naming it and is never
-    removed by the rotation. `no_signal`: the steps in a row before this one in which every group's rewards were
-    all equal (a NO_SIGNAL file says so); the rotation keeps the newest checkpoint without it, so that a run that
-    collapses (a learning rate that wrecks the model: reward 0 everywhere) never rotates its last good weights
-    away. `extra(dir)` writes more files into the checkpoint before it is complete.
+    removed by the rotation, and neither is the newest checkpoint whose weights sampled a step that taught something
+    (`mark_good`), so that a run that collapses (a learning rate that wrecks the model: reward 0 everywhere) never
+    rotates its last good weights away. `extra(dir)` writes more files into the checkpoint before it is complete.
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -55,9 +54,6 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
             extra(tmp)
         if tag:
             (tmp / STAGE_FILE).write_text(tag + "\n")
-        if no_signal:
-            (tmp / NO_SIGNAL_FILE).write_text(f"the {no_signal} step(s) before this checkpoint taught nothing: "
-                                              "every group's rewards were all equal\n")
         import torch
 
         torch.save({**state, "step": step, "tag": tag}, tmp / STATE_FILE)
@@ -68,15 +64,26 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     done = complete(root)
-    kept = {*done[-keep:], *[c for c in done if (c / STAGE_FILE).exists()], *last_with_signal(done)}
+    kept = {*done[-keep:], *[c for c in done if (c / STAGE_FILE).exists()], *last_good(done)}
     for old in [c for c in done if c not in kept]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def last_with_signal(checkpoints: list[Path]) -> list[Path]:
-    """The newest of these checkpoints saved after a step that taught something (none, or one, in a list)."""
-    return [c for c in checkpoints if not (c / NO_SIGNAL_FILE).exists()][-1:]
+def mark_good(run_dir: Path, step: int) -> None:
+    """The rollouts of step `step` + 1, sampled from the weights of step `step`, taught something (some group's
+    rewards differed): its checkpoint, if it has one, is known good. The checkpoint saved after a step holds the
+    weights that step's update made, which only the next step's rollouts can judge."""
+    ckpt = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+    if (ckpt / STATE_FILE).exists():
+        (ckpt / GOOD_FILE).write_text(f"the rollouts of step {step + 1}, sampled from these weights, taught "
+                                      "something\n")
+
+
+def last_good(checkpoints: list[Path]) -> list[Path]:
+    """The newest of these checkpoints whose weights sampled a step that taught something (none, or one, in a
+    list)."""
+    return [c for c in checkpoints if (c / GOOD_FILE).exists()][-1:]
 
 
 def complete(root: Path) -> list[Path]:

@@ -217,7 +217,7 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:
         checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
-                        extra=extra, no_signal=r.all_equal_steps)
+                        extra=extra)
     except Exception as e:  # OSError; torch.save's RuntimeError; safetensors' SafetensorError
         if not disk_full(e):
             raise

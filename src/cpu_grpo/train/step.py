@@ -42,6 +42,7 @@ from .runstate import Run, TrainingError
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
+EXPLODED = 1e4  # a gradient norm (before clipping) past which an update is said to have exploded
 
 
 @dataclass
@@ -181,10 +182,11 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
     sums = {k: sum(p.sums[k] for p in passes) / cfg.num_iterations for k in first.sums}
     summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
     sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
-    _count_non_finite(r, passes[-1].grad_norm, sums["loss"], r.log)
+    upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained)
+    _check_update(r, upd, bool(trained), r.log)
     r.sched.step()
     r.sampler.refresh()
-    return Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained)
+    return upd
 
 
 def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
@@ -336,33 +338,46 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     return Update(sums, float(grad_norm), True)
 
 
-def _count_non_finite(r: Run, grad_norm: float, loss: float, log) -> None:
+def _check_update(r: Run, upd: Update, trained: bool, log) -> None:
     """A non-finite gradient skipped the update (the weights are as they were): say so, and stop the run after
-    BAD_STEPS such steps in a row."""
-    if math.isfinite(grad_norm):
-        r.bad_steps = 0
+    BAD_STEPS such steps in a row. A finite gradient that exploded (a norm over EXPLODED that the EWC penalty does
+    not explain) or vanished (exactly 0 where groups were trained, with a non-zero loss: saturated weights) is said
+    in one line, since the weights may be wrecked though every number is finite."""
+    grad_norm, loss = upd.grad_norm, upd.sums["loss"]
+    if not math.isfinite(grad_norm):
+        r.bad_steps += 1
+        log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
+        if r.bad_steps >= BAD_STEPS:
+            raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
+                                f"check --temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold "
+                                "the last finite weights")
         return
-    r.bad_steps += 1
-    log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
-    if r.bad_steps >= BAD_STEPS:
-        raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, check "
-                            f"--temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold the last "
-                            "finite weights")
+    r.bad_steps = 0
+    if grad_norm > EXPLODED and upd.sums["ewc_grad_norm"] < grad_norm / 2:
+        log(f"warning: step {r.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {r.cfg.max_grad_norm}): "
+            "the update exploded; if the rewards fall from here, lower --learning-rate")
+    elif grad_norm == 0 and trained and loss != 0:
+        log(f"warning: step {r.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
+            "saturated by an earlier update; lower --learning-rate")
 
 
 def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
     """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
     for COLLAPSE_STEPS steps in a row (the update has nothing to push towards); then stop if `on_collapse: stop`,
-    naming the checkpoint that the rotation keeps for such a case (checkpoint.last_with_signal)."""
+    naming the newest weights known good: the checkpoint that sampled the last step with a signal (kept by the
+    rotation: checkpoint.mark_good), else the base model. A step with a signal marks the weights that sampled it."""
     if all(math.isnan(v) for values in per_fn.values() for v in values):
         log(f"warning: step {r.step + 1}: every reward function returned None or nan for every completion, so "
             "nothing is learned: check the reward functions")
+    if frac_zero_std < 1 and r.world.main:
+        checkpoint.mark_good(r.dir, r.step)
     r.all_equal_steps = r.all_equal_steps + 1 if frac_zero_std == 1 else 0
     if r.all_equal_steps != COLLAPSE_STEPS:
         return
-    good = checkpoint.last_with_signal(checkpoint.complete(r.dir / "checkpoints"))
-    kept = (f"; {good[0]} holds the weights of the last step that taught something (to go on from there, move the "
-            "newer checkpoints aside and --resume)") if good else ""
+    good = checkpoint.last_good(checkpoint.complete(r.dir / "checkpoints"))
+    kept = (f"; {good[0]} holds the newest weights whose rollouts taught something (to go on from there, move the "
+            "newer checkpoints aside and --resume)") if good else \
+        f"; no checkpoint holds weights whose rollouts taught something: start again from {r.cfg.model}"
     what = (f"for {COLLAPSE_STEPS} steps every group's rewards were all equal, so nothing is learned: an easier "
             "task, a higher temperature, a lower learning rate or a reward with partial credit gives the groups a "
             f"signal (read groups.jsonl){kept}")
