@@ -30,9 +30,9 @@ def _greedy(model, ids: list[list[int]], pad: int, stops: tuple[int, ...], max_n
     return result
 
 
-def _logits(model, seqs: list[list[int]]) -> list[torch.Tensor]:
+def _logits(model, seq: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return [model(input_ids=torch.tensor([s]), use_cache=False).logits[0].float() for s in seqs]
+        return model(input_ids=torch.tensor([seq]), use_cache=False).logits[0].float()  # (T, V)
 
 
 def prompt_ids(tok, questions: list[str], template: str | None, instruction: str, system: str = "") -> list[list[int]]:
@@ -57,14 +57,15 @@ def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[
     `shape`: the run's (instruction, system prompt)."""
     ref_ids = prompt_ids(ref_tok, questions, ref_tok.chat_template, *shape)
     out_ids = prompt_ids(out_tok, questions, out_template, *shape)
-    first = [t[-1] for t in _logits(ref, ref_ids)]  # the unrounded checkpoint's next-token logits
+    first = [_logits(ref, p)[-1].clone() for p in ref_ids]  # the unrounded checkpoint's next-token logits
     round_to(ref, *rounding)
     ref_done = _greedy(ref, ref_ids, ref_tok.pad_token_id, stops, max_new_tokens)
     out_done = _greedy(out, out_ids, ref_tok.pad_token_id, stops, max_new_tokens)
-    seqs = [p + c for p, c in zip(ref_ids, ref_done, strict=True)]
-    diff = max(float((a - b).abs().max()) for a, b in zip(_logits(ref, seqs), _logits(out, seqs), strict=True))
-    unrounded = max(float((a - b[len(p) - 1]).abs().max())
-                    for a, b, p in zip(first, _logits(out, seqs), ref_ids, strict=True))
+    diff = unrounded = 0.0
+    for p, c, f in zip(ref_ids, ref_done, first, strict=True):  # one sequence at a time: (T, V) logits are large
+        theirs = _logits(out, p + c)
+        diff = max(diff, float((_logits(ref, p + c) - theirs).abs().max()))
+        unrounded = max(unrounded, float((f - theirs[len(p) - 1]).abs().max()))
     same = [a == b for a, b in zip(ref_done, out_done, strict=True)]
     return {"kind": "greedy", "prompts": len(questions), "prompt_tokens_identical": ref_ids == out_ids,
             "identical": sum(same), "max_new_tokens": max_new_tokens, "max_logit_diff": diff,
