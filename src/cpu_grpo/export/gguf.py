@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import UserError
 
-# the model types on the project's fast path (engine.llama.ARCHS), as llama.cpp names their architecture
+# the model types written, as llama.cpp names their architecture: the fast path's first three (engine/arch.py has
+# more since: qwen3, gemma3_text, smollm3, phi3 and rope scaling, which are refused here for now)
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 QUANTS = ("bf16", "f16", "q8_0", "q4_k_m", "q4_0")
 UNAVAILABLE = {k: "the other K-quant mixes are not written here" for k in ("q4_k_s", "q5_k_m", "q5_k_s", "q6_k",
