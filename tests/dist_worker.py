@@ -16,7 +16,7 @@ import torch
 
 from cpu_grpo import config
 from cpu_grpo.data import tasks
-from cpu_grpo.train import distributed, runstate, step
+from cpu_grpo.train import distributed, runstate, update
 from cpu_grpo.train import loop as train_mod
 from cpu_grpo.train.grpo import group_advantages
 
@@ -34,7 +34,7 @@ def grads(model: str, out: Path) -> None:
     rewards = torch.rand(b * g, generator=gen)
     rewards[g:2 * g] = 0.5  # one all-equal group: skipped on its rank
     batch = [tasks.Example(f"question {i}", "1", "basic", id=f"q{i}") for i in range(b)]
-    rollout = step.Rollout(batch, prompts, completions, [""] * (b * g), [False] * (b * g))
+    rollout = update.Rollout(batch, prompts, completions, [""] * (b * g), [False] * (b * g))
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         cfg = config.build(None, None, dict(model=model, loss_type=loss_type, learning_rate=1e-30, max_grad_norm=0,
                                             num_generations=g, prompts_per_step=b, max_new_tokens=9, bf16=False,
@@ -42,7 +42,7 @@ def grads(model: str, out: Path) -> None:
         torch.manual_seed(0)
         r, _ = runstate.build_run(cfg, out, None, lambda *a: None, world)
         adv, _ = group_advantages(rewards, g, cfg.scale_rewards)
-        upd = step.update(r, None, rollout, adv)
+        upd = update.update(r, None, rollout, adv)
         if world.main:
             torch.save({"grads": {n: p.grad.clone() for n, p in r.model.named_parameters()}, "loss": upd.sums["loss"],
                         "groups": upd.groups}, out / f"grads-{loss_type}-{world.size}.pt")

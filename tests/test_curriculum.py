@@ -125,9 +125,11 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     stages = read_jsonl(out / "stages.jsonl")
     assert [(s["stage"], s["end_step"]) for s in stages] == [("basic", 3), ("intermediate", 6)]
     assert stages[0]["fisher_samples"] == 3 and "fisher_samples" not in stages[1]  # no later stage needs it
-    # stage ends are kept by the rotation (keep_checkpoints=1), each with its tag; EWC state from stage 1 on
-    kept = checkpoint.complete(out / "checkpoints")
-    assert [c.name for c in kept] == ["step-000003", "step-000006"]
+    # stage ends are kept by the rotation (keep_checkpoints=1), each with its tag, and so is the newest checkpoint
+    # known good (the newest whose weights sampled a step with a signal); EWC state from stage 1 on
+    good = [c.name for c in checkpoint.complete(out / "checkpoints") if (c / checkpoint.GOOD_FILE).exists()]
+    kept = [c for c in checkpoint.complete(out / "checkpoints") if c.name != (good[-1] if good else "")]
+    assert [c.name for c in kept] == ["step-000003", "step-000006"] and len(good) <= 2
     assert (kept[0] / checkpoint.STAGE_FILE).read_text().strip() == "basic"
     ewc = load_file(kept[0] / curriculum.EWC_FILE)
     assert {k.split(".", 1)[0] for k in ewc} == {"fisher", "anchor"}

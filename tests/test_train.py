@@ -155,9 +155,9 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     """An allocation failure in the update (injected for micro-batches over 4 sequences) is retried at half the
     size, which the rest of the run keeps: the run ends with the same weights as a run that used 4 from the
     start, and says what happened."""
-    import cpu_grpo.train.step as step_mod
+    import cpu_grpo.train.update as update_mod
 
-    real = step_mod.group_logprobs
+    real = update_mod.group_logprobs
 
     def fails_when_large(model, prompts, completions, groups, g, *args, **kw):
         samples = kw.get("samples") or (args[4] if len(args) > 4 else None) or tuple(range(g))
@@ -167,7 +167,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 
     plain = tmp_path / "plain"
     train(tiny_cfg(tiny_model, plain, reward_file, eval_size=0, steps=2, micro_batch_size=4), log=lambda *a: None)
-    monkeypatch.setattr(step_mod, "group_logprobs", fails_when_large)
+    monkeypatch.setattr(update_mod, "group_logprobs", fails_when_large)
     lines = []
     retried = tmp_path / "retried"
     train(tiny_cfg(tiny_model, retried, reward_file, eval_size=0, steps=2, micro_batch_size=8), log=lines.append)
@@ -177,7 +177,7 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
     b = load_file(checkpoint.latest(retried) / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
-    monkeypatch.setattr(step_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(update_mod, "group_logprobs", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):  # any other error is not retried
         train(tiny_cfg(tiny_model, tmp_path / "other", reward_file, eval_size=0, steps=1), log=lambda *a: None)
 
@@ -222,26 +222,26 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     """A nan loss (injected from step 2 on) never reaches the weights: the update is skipped with a line in the log
     (the checkpoints of steps 2 and 3 hold step 1's weights), and after BAD_STEPS such steps in a row the run stops
     with one sentence."""
-    import cpu_grpo.train.step as step_mod
+    import cpu_grpo.train.update as update_mod
 
-    real, calls = step_mod.grpo_loss, {"n": 0}
+    real, calls = update_mod.grpo_loss, {"n": 0}
 
     def nan_after_first_step(*args, **kw):
         loss, st = real(*args, **kw)
         return (loss * math.nan if r_step["n"] >= 1 else loss), st
 
     r_step = {"n": 0}
-    real_update = step_mod._iteration  # one pass a step (num_iterations 1)
+    real_update = update_mod._iteration  # one pass a step (num_iterations 1)
 
     def counting_update(r, *args, **kw):
         r_step["n"] = r.step
         calls["n"] += 1
         return real_update(r, *args, **kw)
 
-    monkeypatch.setattr(step_mod, "grpo_loss", nan_after_first_step)
-    monkeypatch.setattr(step_mod, "_iteration", counting_update)
+    monkeypatch.setattr(update_mod, "grpo_loss", nan_after_first_step)
+    monkeypatch.setattr(update_mod, "_iteration", counting_update)
     out, lines = tmp_path / "nan", []
-    with pytest.raises(step_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
+    with pytest.raises(update_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
         train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),
               log=lines.append)
     assert calls["n"] == 4  # one good step, three skipped
@@ -358,7 +358,7 @@ def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives
 def test_an_update_that_explodes_or_vanishes_but_stays_finite_is_said(tiny_model, tmp_path, reward_file, monkeypatch):
     """A gradient norm of 5e5 (finite: the update goes through) and then exactly 0 with a non-zero loss each get a
     warning line; a collapse after a wrecking update names the base model when no checkpoint is known good."""
-    import cpu_grpo.train.step as step_mod
+    import cpu_grpo.train.update as update_mod
 
     norms = iter([5e5, 0.0, 1.0])
     real = torch.nn.utils.clip_grad_norm_
@@ -367,7 +367,7 @@ def test_an_update_that_explodes_or_vanishes_but_stays_finite_is_said(tiny_model
         real(params, max_norm)
         return torch.tensor(next(norms, 1.0))
 
-    monkeypatch.setattr(step_mod.torch.nn.utils, "clip_grad_norm_", scripted)
+    monkeypatch.setattr(update_mod.torch.nn.utils, "clip_grad_norm_", scripted)
     lines = []
     train(tiny_cfg(tiny_model, tmp_path / "run", reward_file, eval_size=0, steps=3), log=lines.append)
     said = [str(x) for x in lines if "warning: step" in str(x)]

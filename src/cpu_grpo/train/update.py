@@ -1,0 +1,174 @@
+"""The policy-gradient update of one step's samples: old and reference log-probs when needed, then
+num_iterations optimizer steps over micro-batches (gradients summed over the ranks, EWC, clipping), a smaller
+micro-batch after running out of memory before the first step, and the checks of what the update did (a
+non-finite gradient skips it; an exploded or vanished one is said). grpo.py has the loss; step.py the step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..data import tasks
+from ..engine.batching import auto_micro_rows, group_logprobs, micro_batches
+from .grpo import grpo_loss
+from .runstate import Run, TrainingError
+
+BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
+EXPLODED = 1e4  # a gradient norm (before clipping) past which an update is said to have exploded
+
+
+@dataclass
+class Rollout:
+    """One step's samples: B problems, their prompts and G completions each, group-major (row i*G+j)."""
+
+    batch: list[tasks.Example]
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    texts: list[str]
+    truncated: list[bool]  # cut at the length limit before the model ended it
+
+    def groups(self, idx: list[int], g: int) -> Rollout:
+        """The groups `idx` (in that order) as a rollout of their own."""
+        rows = [i * g + j for i in idx for j in range(g)]
+        return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
+                       [self.completions[k] for k in rows], [self.texts[k] for k in rows],
+                       [self.truncated[k] for k in rows])
+
+    def __add__(self, other: Rollout) -> Rollout:
+        return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
+                       self.texts + other.texts, self.truncated + other.truncated)
+
+
+class Update(NamedTuple):
+    """What one update did: loss sums over micro-batches, gradient norm, whether an optimizer step was taken (not
+    when no rank trained a group, or the gradient was not finite), micro-batch size, groups trained."""
+
+    sums: dict
+    grad_norm: float
+    stepped: bool
+    micro_batch: int = 0
+    groups: list | tuple = ()  # of the rollout it was given
+
+
+def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
+    """The policy-gradient update on the groups that teach something, in micro-batches; after running out of
+    memory before its first optimizer step, again at half the micro-batch (kept for the rest of the run)."""
+    cfg, g, world = r.cfg, r.cfg.num_generations, r.world
+    skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
+    groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
+              if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
+    trained = sorted(x for part in world.gather(groups) for x in part)  # every rank's
+    lengths = [len(c) for c in rollout.completions]
+    mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
+                                                 max(lengths, default=1), g)
+    mb = min(mb, r.micro_cap or mb)
+    while True:
+        try:
+            fixed = _fixed_logprobs(r, ref, rollout, groups, mb)
+            first = _iteration(r, rollout, groups, bool(trained), adv, mb, fixed)
+            break
+        except (RuntimeError, MemoryError) as e:  # nothing was stepped yet: the same update, smaller pieces
+            if mb <= 1 or not _out_of_memory(e):
+                raise
+        r.opt.zero_grad(set_to_none=True)
+        r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
+              f"with {mb // 2}")
+        mb = r.micro_cap = mb // 2
+    passes = [first]
+    while len(passes) < cfg.num_iterations and passes[-1].stepped:  # a skipped step ends the update
+        passes.append(_iteration(r, rollout, groups, bool(trained), adv, mb, fixed))
+    sums = {k: sum(p.sums[k] for p in passes) / cfg.num_iterations for k in first.sums}
+    summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
+    sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
+    upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained)
+    _check_update(r, upd, bool(trained), r.log)
+    r.sched.step()
+    r.sampler.refresh()
+    return upd
+
+
+def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -> dict:
+    """Old (num_iterations > 1) and reference (beta > 0) log-probs of this rank's groups, per micro-batch, computed
+    once before the updates."""
+    cfg, g, pad = r.cfg, r.cfg.num_generations, r.tok.pad_token_id
+    lengths = [len(c) for c in rollout.completions]
+    fixed = {}
+    if cfg.num_iterations > 1 or ref is not None:
+        with torch.no_grad():
+            for part, samples in micro_batches(groups, g, mb, lengths):
+                for kind, net in (("old", r.model if cfg.num_iterations > 1 else None), ("ref", ref)):
+                    if net is not None:
+                        fixed[part, samples, kind] = group_logprobs(net, rollout.prompts, rollout.completions, part,
+                                                                    g, pad, cfg.temperature, r.autocast,
+                                                                    samples=samples)[0]
+    return fixed
+
+
+def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
+               fixed: dict) -> Update:
+    """One optimizer step over micro-batches of `mb` sequences of this rank's `groups`: the loss's gradient, summed
+    over the ranks when any rank trained a group, EWC, clipping, the step (never one with a non-finite gradient).
+    Returns this pass's loss sums (this rank's), its gradient norm and whether it stepped."""
+    cfg, model, g = r.cfg, r.model, r.cfg.num_generations
+    prompts, completions = rollout.prompts, rollout.completions
+    lengths = [len(c) for c in completions]
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": r.limit}
+    sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
+    r.opt.zero_grad(set_to_none=True)
+    for part, samples in micro_batches(groups, g, mb, lengths):
+        logp, mask = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id, cfg.temperature,
+                                    r.autocast, cfg.gradient_checkpointing, samples)
+        rows = [i * g + j for i in part for j in samples]
+        loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
+                             fixed.get((part, samples, "ref")), adv[rows], mask, norm,
+                             cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
+        loss.backward()
+        sums["loss"] += loss.item()
+        for key, v in st.items():
+            sums[key] += v
+    if any_rank:
+        r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
+    # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
+    # decoupled, it pulls the weights back after the optimizer step instead
+    sums["ewc_penalty"], sums["ewc_grad_norm"] = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
+    if not (any_rank or r.ewc.fisher and cfg.ewc_lambda):
+        return Update(sums, 0.0, False)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
+    if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
+        r.opt.zero_grad(set_to_none=True)
+        return Update(sums, float(grad_norm), False)
+    r.opt.step()
+    if cfg.ewc_decoupled:
+        r.ewc.pull(model, cfg.ewc_lambda, r.sched.get_last_lr()[0])
+    return Update(sums, float(grad_norm), True)
+
+
+def _check_update(r: Run, upd: Update, trained: bool, log) -> None:
+    """A non-finite gradient skipped the update (the weights are as they were): say so, and stop the run after
+    BAD_STEPS such steps in a row. A finite gradient that exploded (a norm over EXPLODED that the EWC penalty does
+    not explain) or vanished (exactly 0 where groups were trained, with a non-zero loss: saturated weights) is said
+    in one line, since the weights may be wrecked though every number is finite."""
+    grad_norm, loss = upd.grad_norm, upd.sums["loss"]
+    if not math.isfinite(grad_norm):
+        r.bad_steps += 1
+        log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
+        if r.bad_steps >= BAD_STEPS:
+            raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
+                                f"check --temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold "
+                                "the last finite weights")
+        return
+    r.bad_steps = 0
+    if grad_norm > EXPLODED and upd.sums["ewc_grad_norm"] < grad_norm / 2:
+        log(f"warning: step {r.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {r.cfg.max_grad_norm}): "
+            "the update exploded; if the rewards fall from here, lower --learning-rate")
+    elif grad_norm == 0 and trained and loss != 0:
+        log(f"warning: step {r.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
+            "saturated by an earlier update; lower --learning-rate")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return (isinstance(e, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+            or "out of memory" in str(e).lower())
