@@ -1,6 +1,6 @@
 """Greedy accuracy of several models on the real GSM8K, paired against the first one.
 
-    python bench/gsm8k_checkpoints.py --data ../shared/data/gsm8k/test.jsonl --out runs/gsm8k \\
+    python experiments/gsm8k_checkpoints.py --data ../shared/data/gsm8k/test.jsonl --out runs/gsm8k \\
         base=smollm2-135m after-basic=runs/after-demo/ewc/checkpoints/step-000030 ...
 
 Runs `cpu-grpo eval --n 100` on each model (skipped when its output exists), then prints one markdown row per

@@ -1,9 +1,9 @@
 """Issue 4's ablation: curriculum with EWC, curriculum without EWC, the final stage only; same seed and budget.
 
-    python bench/curriculum_ablation.py --out runs/ablation            # train the runs, then the tables
-    python bench/curriculum_ablation.py --out runs/ablation --tables   # tables only, from finished runs
-    python bench/curriculum_ablation.py --out runs/after-demo --from runs/demo-final/checkpoints/step-000030
-    python bench/curriculum_ablation.py --out runs/forgetting --forgetting --seed 0
+    python experiments/curriculum_ablation.py --out runs/ablation            # train the runs, then the tables
+    python experiments/curriculum_ablation.py --out runs/ablation --tables   # tables only, from finished runs
+    python experiments/curriculum_ablation.py --out runs/after-demo --from runs/demo-final/checkpoints/step-000030
+    python experiments/curriculum_ablation.py --out runs/forgetting --forgetting --seed 0
 
 Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed 0 (the defaults otherwise).
 - ewc:   basic:10, intermediate:10, advanced:10, EWC lambda 1
