@@ -262,3 +262,4 @@ def test_the_policy_holds_for_what_a_config_file_or_a_resumed_run_brings(tmp_pat
     (tmp_path / "openai" / "gsm8k").mkdir(parents=True)
     assert "does not name a hub dataset" in command("task: hf:openai/gsm8k\n")[3]
     assert policy.task_problem("task", "advanced+gsm8k") is None  # joined tasks: each part checked
+    assert policy.task_problem("task", "countdown") is None and policy.task_problem("task", "code") is None

@@ -38,11 +38,12 @@ class Policy:
     def task_problem(self, field: str, spec: str) -> str | None:
         """Why a task spec may not be used: each part of a joined task is a level, a shipped dataset, a hub
         dataset named by its id (never a local path: `datasets` reads those too), or a file the page may read."""
+        from ..data.generated import GENERATED
         from ..data.loaders import DATASETS
         from ..data.tasks import LEVELS, parts_of
 
         for part in parts_of(spec.strip()):
-            if not part or part in (*LEVELS, "mix", *DATASETS):
+            if not part or part in (*LEVELS, "mix", *DATASETS, *GENERATED):
                 continue
             if part.startswith("hf:"):
                 name = part[3:].partition(":")[0]
