@@ -138,8 +138,11 @@ def test_eval_takes_a_whole_file_unless_told(tiny_model, tmp_path):
                  "--output", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 3
     assert main(["eval", "--model", tiny_model, "--task", str(data), "--n", "2", "--max-new-tokens", "4",
-                 "--output", str(out)]) == 0
-    assert len(out.read_text().splitlines()) == 2
+                 "--output", str(tmp_path / "two.jsonl")]) == 0
+    assert len((tmp_path / "two.jsonl").read_text().splitlines()) == 2
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--n", "2", "--max-new-tokens", "4",
+                 "--output", str(out)]) == 2  # out.jsonl holds a third problem: refused, not overwritten
+    assert len(out.read_text().splitlines()) == 3
 
 
 def test_eval_samples_command(tiny_model, tmp_path, capsys):
