@@ -214,16 +214,9 @@ def evaluate(policy: Policy, name: str | None, model: str, task: str, n, max_new
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = runs.eval_command(model, task or "basic", n or 50, max_new_tokens or 256, out)
     log_path = out.with_suffix(".log")
-    with open(log_path, "w") as log:
-        log.write(f"$ {runs.preview(cmd)}\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=runs.child_env())
-    while proc.poll() is None:
-        time.sleep(1.0)
-        yield _tail(log_path.read_text(errors="replace")), ""
+    code = yield from _follow(cmd, log_path)
     text = log_path.read_text(errors="replace")
-    result = f"exit code {proc.returncode}" if proc.returncode else f"records: `{out}`"
+    result = f"exit code {code}" if code else f"records: `{out}`"
     yield _tail(text), views.eval_table(text) + f"\n{result}"
 
 
@@ -255,6 +248,15 @@ def export(policy: Policy, name: str | None, ckpt: str, fmt: str, quant: str, ol
     cmd += (["--quant", quant] if quant else []) + (["--ollama", ollama.strip()] if (ollama or "").strip() else [])
     log_path = run / "exports" / f"{out.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    code = yield from _follow(cmd, log_path)
+    card = out / "export.md"
+    yield _tail(log_path.read_text(errors="replace")), card.read_text() if card.exists() else \
+        f"exit code {code}: see the output above."
+
+
+def _follow(cmd: list[str], log_path: Path):
+    """Run `cmd` as a separate process writing to log_path; yield the log's tail every second while it runs, then
+    return its exit code."""
     with open(log_path, "w") as log:
         log.write(f"$ {runs.preview(cmd)}\n")
         log.flush()
@@ -263,9 +265,7 @@ def export(policy: Policy, name: str | None, ckpt: str, fmt: str, quant: str, ol
     while proc.poll() is None:
         time.sleep(1.0)
         yield _tail(log_path.read_text(errors="replace")), ""
-    card = out / "export.md"
-    yield _tail(log_path.read_text(errors="replace")), card.read_text() if card.exists() else \
-        f"exit code {proc.returncode}: see the output above."
+    return proc.returncode
 
 
 def _tail(text: str, lines: int = 8) -> str:
