@@ -28,7 +28,7 @@ WORKER = str(Path(__file__).with_name("dist_worker.py"))
 
 
 def torchrun(*args: str, nproc: int = 2, timeout: float = 240, **popen) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **popen.pop("env", {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", WORKER, *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **popen)
 
@@ -85,6 +85,13 @@ def test_two_ranks_train_the_same_weights_and_resume_exactly(tiny_model, tmp_pat
     for a, b in zip(metrics, resumed, strict=True):
         assert (a["loss"], a["reward"], a["completion_len"]) == (b["loss"], b["reward"], b["completion_len"])
     assert (part / "digest-0-of-2").read_text() == digests.pop()
+
+
+def test_ranks_join_over_gloo_where_cuda_is_present(tiny_model, tmp_path, reward_file):
+    # the model stays on the CPU, so nccl (which wants CUDA tensors) is never the backend, even on a GPU machine
+    env = {"PRETEND_CUDA": "" if torch.cuda.is_available() else "1"}
+    p = ok(torchrun("train", str(tmp_path), fields(tiny_model, tmp_path, reward_file, steps=1, eval_size=0), env=env))
+    assert p.stdout.count("backend gloo") == 2
 
 
 def test_two_ranks_agree_on_dynamic_sampling(tiny_model, tmp_path):

@@ -135,9 +135,8 @@ def init(timeout_s: float) -> World:
     import torch.distributed.nn.functional  # noqa: F401
 
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        try:
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        try:  # gloo, also where CUDA is present: the model and every tensor stay on the CPU
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as e:
             raise RankError(f"rank {os.environ.get('RANK', '?')}: could not join the other ranks at "
                             f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} ({_first_line(e)}): "
