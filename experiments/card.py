@@ -19,7 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
-EVAL_FIELDS = ("id", "difficulty", "answer", "pred", "correct", "finished", "correct_strict", "strict_correct",
+EVAL_FIELDS = ("id", "difficulty", "template", "answer", "pred", "correct", "finished", "correct_strict", "strict_correct",
                "correct_flexible", "correct_math_verify", "lm_eval_strict", "lm_eval_flexible", "calc_steps",
                "calc_correct_frac", "reasoning_quality", "consistent", "max_new_tokens")
 DROPPED = ("groups.jsonl", "console.log")
