@@ -433,3 +433,33 @@ def test_threads_and_run_names_the_system_cannot_take_are_one_sentence():
                           ({"run_name": "a/b"}, "plain directory name")]:
         with pytest.raises(ConfigError, match=words):
             build(None, None, fields)
+
+
+def test_a_field_you_give_wins_in_every_stage_of_a_profile(monkeypatch, tmp_path):
+    """--max-new-tokens and --prompts-per-step given with the default profile hold in each of its stages (they lost to
+    the stages' own 8 prompts and 320 tokens, while --steps won); a stage you write yourself keeps its own values."""
+    import cpu_grpo.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli._config_from(args)[0]) or 0)
+    assert cli.main(["train", "--max-new-tokens", "64", "--prompts-per-step", "2"]) == 0  # the default profile
+    cfg = seen[0]
+    assert len(plan(cfg)) == 5 and cfg.max_new_tokens == 64 and cfg.prompts_per_step == 2
+    assert [(s.max_new_tokens or cfg.max_new_tokens, s.prompts_per_step or cfg.prompts_per_step)
+            for s in plan(cfg)] == [(64, 2)] * 5
+    assert [s.learning_rate for s in plan(cfg)] == [0, 2e-4, 0, 0, 0]  # a stage's own setting you did not give stays
+    assert [s.prioritized_sampling for s in plan(cfg)] == [None, True, True, True, None]
+    assert eval_limits(cfg)["advanced"] == cfg.eval_max_new_tokens  # no stage trains at 320 now
+    assert build("default", None, {"learning_rate": "1e-5"}).stages[1].get("learning_rate") is None
+    # the same from a --config file, with --steps scaling the stages as before
+    path = tmp_path / "mine.yaml"
+    path.write_text("max_new_tokens: 64\nprompts_per_step: 2\nsteps: 10\n")
+    cfg = build("default", str(path))
+    assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(0, 0)] * 5 and cfg.total_steps == 10
+    # a stage of your own keeps its values over the top-level field
+    path.write_text("max_new_tokens: 64\nprompts_per_step: 2\nstages:\n  - basic:2\n"
+                    "  - {name: advanced, steps: 3, max_new_tokens: 320, prompts_per_step: 8}\n")
+    cfg = build("default", str(path), {"max_new_tokens": "48"})
+    assert [(s.max_new_tokens or cfg.max_new_tokens, s.prompts_per_step or cfg.prompts_per_step)
+            for s in plan(cfg)] == [(48, 2), (320, 8)]
+    assert PROFILES["default"]["stages"][-1]["max_new_tokens"] == 320  # building does not mutate the profile

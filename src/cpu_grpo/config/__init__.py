@@ -1,6 +1,9 @@
 """Training configuration: one dataclass with help text; profiles (profiles.py); YAML files; CLI overrides.
 
-Precedence, lowest first: field defaults < profile < --config YAML file < --key value on the command line.
+Precedence, lowest first: field defaults < profile < --config YAML file < --key value on the command line. A field
+you give (file or command line) wins everywhere: in every stage of a profile's curriculum too (`steps` scales their
+own steps; a stage's own max_new_tokens, prompts_per_step, ... gives way to yours), while stages you write yourself
+keep their own values.
 This module must not import torch: `cpu-grpo --help` stays fast.
 """
 
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..profiles import PROFILES
-from .stages import SCHEDULES, parse_stage, plan, scale_stages
+from .stages import SCHEDULES, STAGE_SETTINGS, parse_stage, plan, under_your_fields
 
 
 def _f(default, help: str, **kw):
@@ -55,7 +58,8 @@ class TrainConfig:
     stages: list[str] = _f([], "curriculum stages in order: basic,intermediate,advanced or name:steps; in YAML also "
                                "mappings with name, task, steps, promote_at and the stage's own learning_rate, "
                                "lr_scheduler, max_new_tokens, prioritized_sampling, dynamic_sampling_keep, "
-                               "prompts_per_step, and held_out (false: its task adds no held-out set). Empty: one "
+                               "prompts_per_step, and held_out (false: its task adds no held-out set); a field you "
+                               "give (file or command line) replaces a profile's stages' own value of it. Empty: one "
                                "stage on task")
     promote_every: int = _f(5, "steps between promotion checks of stages that have promote_at")
     promote_size: int = _f(50, "validation problems per promotion check (disjoint from the held-out set)")
@@ -224,8 +228,9 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
     coerced = {k: coerce(_FIELDS[k], v) for k, v in values.items()}
-    if "steps" in mine and "stages" not in mine and coerced.get("stages"):  # your --steps wins over the profile's
-        coerced["stages"] = scale_stages(coerced["stages"], coerced["steps"])
+    if "stages" not in mine and coerced.get("stages"):  # the profile's stages: the fields you gave win in each
+        coerced["stages"] = under_your_fields(coerced["stages"], set(mine) & set(STAGE_SETTINGS),
+                                              coerced["steps"] if "steps" in mine else None)
     return TrainConfig(**coerced)
 
 

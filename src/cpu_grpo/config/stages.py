@@ -36,6 +36,10 @@ class Stage:
 
 
 _STAGE_KEYS = {f.name for f in fields(Stage)}
+# the run's fields a stage may set for itself: given in a --config file or on the command line, they hold in every
+# stage of a profile (a stage's own value wins only in stages you write yourself)
+STAGE_SETTINGS = ("learning_rate", "lr_scheduler", "max_new_tokens", "prioritized_sampling", "dynamic_sampling_keep",
+                  "prompts_per_step")
 
 
 def parse_stage(spec) -> dict:
@@ -90,6 +94,18 @@ def scale_stages(stages: list, steps: int) -> list:
     while sum(shares) > steps:  # the minimum of 1 took more than the proportion gave
         shares[shares.index(max(shares))] -= 1
     return [{**s, "steps": n} for s, n in zip(specs, shares, strict=True)]
+
+
+def under_your_fields(stages: list, given, steps: int | None = None) -> list:
+    """A profile's stages under the fields you gave (a --config file, the command line), so that what you give wins
+    everywhere: each of STAGE_SETTINGS in `given` is dropped from every stage (the run's value, yours, then holds in
+    each), and `steps`, when given, scales the stages' own steps to it (scale_stages).
+
+    >>> under_your_fields([{"name": "a", "max_new_tokens": 320, "learning_rate": 2e-4}], {"max_new_tokens"})
+    [{'name': 'a', 'task': 'a', 'learning_rate': 0.0002}]
+    """
+    specs = [{k: v for k, v in parse_stage(s).items() if k not in given} for s in stages]
+    return scale_stages(specs, steps) if steps is not None else specs
 
 
 def plan(cfg) -> list[Stage]:
