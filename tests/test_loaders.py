@@ -10,6 +10,7 @@ import pytest
 
 from cpu_grpo.data import loaders, tasks
 from cpu_grpo.data.loaders import load_jsonl, load_task
+from cpu_grpo.data.rewards import correctness_reward
 from cpu_grpo.data.tasks import TaskError
 
 GSM8K_DIR = loaders.GSM8K_DIR  # shipped inside the package
@@ -63,10 +64,10 @@ def test_gold_answers_are_cleaned(tmp_path):
         {"question": "a?", "answer": "so\n#### 1,234"},
         {"question": "b?", "answer": "x #### 2 #### $1,234.50"},
         {"question": "c?", "answer": "#### 7.0", "difficulty": "hard"},
-        {"question": "d?", "answer": "#### yes", "level": 3},
+        {"question": "d?", "answer": "#### 50%", "level": 3},
     ])
     data = load_jsonl(path)
-    assert [e.answer for e in data] == ["1234", "1234.5", "7", "yes"]
+    assert [e.answer for e in data] == ["1234", "1234.5", "7", "50%"]
     assert [e.difficulty for e in data] == ["data", "data", "hard", "3"]  # named after the file, not "gsm8k"
     assert data[1].id == "data.jsonl:2" and data[1].solution == "x #### 2 #### $1,234.50"
     assert len(load_jsonl(path, limit=2)) == 2
@@ -92,6 +93,23 @@ def test_malformed_line_names_file_and_line(tmp_path):
     with pytest.raises(TaskError, match=r"b.jsonl:3: the 'answer' must end in a '#### <number>' line\. Fix"):
         load_jsonl(write(tmp_path, [BAD_LINES[0], "", BAD_LINES[5]], "b.jsonl"))
     assert len(load_jsonl(path, limit=1)) == 1  # stops before the bad lines
+
+
+def test_a_gsm8k_row_whose_final_answer_is_not_a_number_is_a_bad_line(tmp_path):
+    """`#### forty-two` gave a problem no completion can earn: it is refused at load as `file:line`, like any
+    malformed row, and --skip-bad-lines skips it with a count."""
+    rows = [{"question": "ok?", "answer": "6 * 7 = 42\n#### 42"}, {"question": "words?", "answer": "#### forty-two"},
+            {"question": "units?", "answer": "#### 3 apples"}, {"question": "empty?", "answer": "x\n####  $ "}]
+    path = write(tmp_path, rows)
+    with pytest.raises(TaskError) as err:
+        load_jsonl(path)
+    assert str(err.value) == (f"{path}:2: the answer after '####' is 'forty-two', not a number: write it as "
+                              "'#### <number>'. Fix the line or pass --skip-bad-lines to skip it.")
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed line\(s\), first at line 2: the answer after '####' "
+                                         r"is 'forty-two', not a number"):
+        data = load_task(str(path), on_error="skip", split=None)
+    assert [e.answer for e in data] == ["42", "3 apples"]  # 3 apples: answers_match reads 3 from it
+    assert correctness_reward(["#### 3"], answer=[data[1].answer]) == [1.0]
 
 
 def test_skip_mode_counts_and_warns(tmp_path):

@@ -151,12 +151,23 @@ def answers_match(pred: str | None, gold: str, rel_tol: float = 1e-6) -> bool:
     """
     if pred is None:
         return False
-    g = parse_number(gold)
-    if g is None and (gold_answer := extract_answer(gold, "auto")) is not None:
-        g = parse_number(gold_answer)
+    g = gold_number(gold)
     p = parse_number(pred)
     if p is None or g is None:
         return pred.strip().lower() == gold.strip().lower()
     if g.is_integer():
         return p == g
     return math.isclose(p, g, rel_tol=rel_tol)
+
+
+def gold_number(gold: str) -> float | None:
+    """The number a gold answer stands for, as answers_match compares it: the answer itself, or the final answer of
+    a solution ("... #### 18"); None when there is none (no completion can match such a gold answer).
+
+    >>> gold_number("1,234"), gold_number("so 3 + 4 = 7\\n#### 7"), gold_number("forty-two")
+    (1234.0, 7.0, None)
+    """
+    g = parse_number(gold)
+    if g is None and (gold_answer := extract_answer(gold, "auto")) is not None:
+        g = parse_number(gold_answer)
+    return g

@@ -15,6 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from . import files
+from .answers import gold_number
 from .generated import GENERATED, generate_task
 from .tasks import (
     UNKNOWN,
@@ -79,17 +80,19 @@ def _own_example(row: dict, id_: str, column: str, name: str) -> Example:
 
 def _gsm8k_example(row: dict, id_: str, name: str = "") -> Example:
     """A GSM8K-style {"question", "answer": "...#### 18"} row, labelled by its level column, else by the task's name;
-    ValueError if malformed."""
+    ValueError if malformed (a final answer that is not a number included)."""
     question, answer = row.get("question"), row.get("answer")
     if not isinstance(question, str) or not question.strip() or not isinstance(answer, str):
         raise ValueError("needs a non-empty 'question' and an 'answer' string")
     gold = answer.rsplit("####", 1)[-1].strip().replace(",", "").replace("$", "").strip()
     if "####" not in answer or not gold:
         raise ValueError("the 'answer' must end in a '#### <number>' line")
+    if gold_number(gold) is None:  # no completion could ever match it: a problem that teaches nothing
+        raise ValueError(f"the answer after '####' is {gold[:40]!r}, not a number: write it as '#### <number>'")
     try:
         gold = canonical_number(Fraction(gold))
     except (ValueError, ZeroDivisionError):
-        pass  # not a number: keep the text as written
+        pass  # a number Fraction does not read (50%): kept as written, as the rewards read it
     extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
     return Example(question, gold, str(row.get("difficulty") or row.get("level") or name or "gsm8k"), answer, id_,
                    columns=extra)
