@@ -91,3 +91,29 @@ def test_every_user_error_is_one_class():
     for cls in (config.ConfigError, tasks.TaskError, rewards.RewardError, models.ModelError, metrics.MetricError,
                 compare.RunError, runstate.TrainingError, rollout.PromptTooLong, RunDirError):
         assert issubclass(cls, UserError), cls
+
+
+def test_a_start_refused_by_the_lock_touches_nothing_of_the_winners(tmp_path, capsys):
+    """A second `cpu-grpo train` on a run directory whose run.lock a live process holds is refused in one sentence,
+    and leaves that run's status.json, lock and files as they were (it wrote its lock error into the winner's
+    status.json)."""
+    import json
+    import time
+
+    run = tmp_path / "run"
+    run.mkdir()
+    winner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run / "run.lock").write_text(json.dumps({"pid": winner.pid, "started": time.time()}))
+        (run / "status.json").write_text(json.dumps({"state": "evaluating", "pid": winner.pid, "stage": "base"}))
+        (run / "train_config.yaml").write_text("steps: 3\n")
+        before = {p.name: p.read_bytes() for p in run.iterdir()}
+        for extra in ([], ["--resume"]):
+            code = main(["train", "--profile", "demo", "--output-dir", str(run), "--eval-size", "0", *extra])
+            err = capsys.readouterr().err
+            assert code == 2 and err == (f"cpu-grpo: {run} is being trained by process {winner.pid}: wait for it to "
+                                         "finish, stop it, or choose another --output-dir.\n")
+            assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    finally:
+        winner.kill()
+        winner.wait()

@@ -150,6 +150,10 @@ def lock_holder(run_dir: Path) -> int | None:
     return pid if pid_alive(pid) else None
 
 
+class RunLocked(RunDirError):
+    """Another live process trains in the run directory: a start refused so touches nothing of that run's."""
+
+
 class RunLock:
     """run_dir/run.lock holds the training pid: one training process per run directory."""
 
@@ -162,8 +166,8 @@ class RunLock:
 
         holder = lock_holder(self.path.parent)
         if holder is not None and holder != os.getpid():
-            raise RunDirError(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
-                             "stop it, or choose another --output-dir.")
+            raise RunLocked(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
+                            "stop it, or choose another --output-dir.")
         self.path.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
         return self
 

@@ -62,9 +62,10 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         failure = distributed.RankError(distributed.lost_rank_message(world, e)) if lost else _plainly(e, run_dir)
         if not lost:
             distributed.record_failure(world, failure)  # for the other ranks' message
-        if world.main and created and _only_its_own_files(run_dir):
+        theirs = isinstance(e, rundir.RunLocked)  # another process's run: its status and files are not ours
+        if world.main and created and not theirs and _only_its_own_files(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)  # a start that failed leaves no run behind
-        elif world.main and run_dir is not None:
+        elif world.main and run_dir is not None and not theirs:
             try:
                 write_status(run_dir, state="failed", message=f"{type(failure).__name__}: {failure}"[:300])
             except OSError:  # a full disk: the error itself matters more than the status file
