@@ -284,3 +284,145 @@ def test_bad_reward_output_names_the_function(values, words):
 
     with pytest.raises(RewardError, match=f"reward function mine {words}"):
         as_scores("mine", values, 2)
+
+
+# ---------------------------------------------------------------------------- a time limit on each call
+SLOW = '''
+import os
+import signal
+import time
+
+
+def hang_reward(completions, **kwargs):
+    if os.environ.get("HANG_MARK"):
+        open(os.environ["HANG_MARK"], "w").close()  # the test's cue: the call has begun
+    try:
+        time.sleep(600)
+    except Exception:  # a reward's own `except Exception` does not swallow the limit
+        pass
+    return [1.0] * len(completions)
+
+
+def spin_reward(completions, **kwargs):
+    while True:
+        pass
+
+
+def alarm_reward(completions, **kwargs):
+    """Sets SIGALRM for itself (as math_verify's timeouts do), which works only in the main thread."""
+    old = signal.signal(signal.SIGALRM, lambda *a: None)
+    signal.alarm(5)
+    try:
+        return [2.0] * len(completions)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+'''
+
+
+@pytest.fixture
+def slow_file(tmp_path):
+    rewards._late.clear()
+    path = tmp_path / "slow_rewards.py"
+    path.write_text(SLOW)
+    return path
+
+
+def test_a_reward_that_hangs_scores_zero_at_its_time_limit_then_stops_the_run(slow_file):
+    """A reward function that never returns held the run forever: each call is cut at `reward_timeout`, its batch
+    scores 0 with one warning, and 3 batches in a row stop the run with one sentence."""
+    import signal
+    import time
+
+    from cpu_grpo.data.rewards import TIMEOUTS_IN_A_ROW, call_reward
+
+    handler = signal.getsignal(signal.SIGURG)
+    lines = []
+    for spec in ("hang_reward", "spin_reward"):
+        fn = load_reward(f"{slow_file}:{spec}")
+        for _ in range(TIMEOUTS_IN_A_ROW - 1):
+            t0 = time.monotonic()
+            assert call_reward(fn, ["a", "b"], {}, ["r1", "r2"], lines.append, limit=0.3) == [0.0, 0.0]
+            assert time.monotonic() - t0 < 5
+            assert lines.pop() == (f"warning: reward function {spec} ran past its limit of 0.3 s on a batch of 2 "
+                                   "completions, which scored 0: give it more time with --reward-timeout if it "
+                                   "needs it")
+        with pytest.raises(RewardError) as err:
+            call_reward(fn, ["a", "b"], {}, ["r1", "r2"], lines.append, limit=0.3)
+        assert str(err.value) == (f"reward function {spec} ran past its limit of 0.3 s on 3 batches in a row: fix "
+                                  "it (a loop that never ends, a wait for something that never comes), or give it "
+                                  "more time with --reward-timeout")
+    assert not lines and signal.getsignal(signal.SIGURG) == handler  # the signal's handler is put back
+    # a call within its limit runs in the main thread as before (signals of its own work) and resets the count
+    fn = load_reward(f"{slow_file}:hang_reward")
+    call_reward(fn, ["a"], {}, ["r1"], lines.append, limit=0.3)
+    assert call_reward(load_reward(f"{slow_file}:alarm_reward"), ["a"], {}, ["r1"], limit=30) == [2.0]
+    assert rewards._late == {"hang_reward": 1}
+    assert call_reward(format_reward, ["#### 4"], {}, ["r1"], limit=30) == [0.75]
+    pytest.importorskip("math_verify")
+    assert call_reward(load_reward("math"), ["so \\boxed{42}"], {"answer": ["42"]}, ["r1"], limit=30) == [1.0]
+
+
+def test_a_stop_interrupts_a_reward_that_hangs(slow_file):
+    import time
+
+    from cpu_grpo.data.rewards import RewardStopped, call_reward
+
+    fn, t0 = load_reward(f"{slow_file}:hang_reward"), time.monotonic()
+    with pytest.raises(RewardStopped):
+        call_reward(fn, ["a"], {}, ["r1"], limit=300, stop=lambda: time.monotonic() > t0 + 0.2)
+    assert time.monotonic() - t0 < 5 and not rewards._late
+
+
+def test_a_step_whose_reward_hangs_ends_within_its_time_limit(slow_file):
+    """The step's scoring (step.score) with reward_timeout 0.5: the hanging function's scores are 0, the others'
+    are kept, and it ends in about the limit."""
+    import time
+
+    from cpu_grpo.config import build
+    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.train.step import score
+    from cpu_grpo.train.update import Rollout
+
+    cfg = build(None, None, {"rewards": f"{slow_file}:hang_reward,format", "reward_weights": "1,0.5",
+                             "reward_timeout": "0.5", "num_generations": 2})
+    assert build().reward_timeout == 120  # generous by default
+    rollout = Rollout([Example("2 + 2?", "4", "basic", id="q1")], [[1, 2]], [[3], [4]], ["2 + 2 = 4\n#### 4", "no"],
+                      [False, False])
+    lines, t0 = [], time.monotonic()
+    total, per_fn = score(cfg, [load_reward(spec) for spec in cfg.rewards], rollout, lines.append)
+    assert time.monotonic() - t0 < 5 and len(lines) == 1 and "hang_reward ran past its limit of 0.5 s" in lines[0]
+    assert per_fn == {"hang_reward": [0.0, 0.0], "format_reward": [1.0, 0.0]} and total.tolist() == [0.5, 0.0]
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_reward_that_hangs_stops_the_run(tiny_model, slow_file, tmp_path):
+    """A real `cpu-grpo train` whose reward function hangs: one SIGTERM stops it in seconds, not at the time limit
+    (300 s here) and not never; the step's rollout is discarded, and the message says how to go on."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    mark, out = tmp_path / "reward-called", tmp_path / "run"
+    cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", "demo", "--model", tiny_model, "--output-dir",
+           str(out), "--steps", "3", "--prompts-per-step", "2", "--num-generations", "2", "--max-new-tokens", "4",
+           "--eval-size", "0", "--train-size", "20", "--rewards", f"{slow_file}:hang_reward", "--reward-weights", "1",
+           "--reward-timeout", "300"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "HANG_MARK": str(mark)})
+    try:
+        deadline = time.monotonic() + 300
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert mark.exists(), proc.communicate(timeout=60)[0] if proc.poll() is not None else "no reward call"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and time.monotonic() - t0 < 60, rest
+    assert "stopped before the first step: run the same command again" in rest and "Traceback" not in rest
+    assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text()  # no step was logged

@@ -85,6 +85,9 @@ class TrainConfig:
     rewards: list[str] = _f(["correctness", "format"],
                             "reward functions: builtin names, module:function or file.py:function")
     reward_weights: list[float] = _f([1.0, 0.2], "one weight per reward function")
+    reward_timeout: float = _f(120.0, "seconds each reward function may take on one batch of completions: past it, "
+                                      "the batch scores 0 with a warning, and 3 batches in a row stop the run (0: no "
+                                      "limit)")
     score_truncated: bool = _f(False, "score completions cut at max_new_tokens like the others (off: they earn no "
                                       "credit, penalties still count, since an answer that never ends is no answer)")
     # -- GRPO
@@ -150,6 +153,7 @@ class TrainConfig:
             (len(self.rewards) == len(self.reward_weights),
              f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
              "give one weight per reward function"),
+            (self.reward_timeout >= 0, "reward_timeout must be >= 0 seconds (0: no limit)"),
             (self.loss_type in ("grpo", "dapo", "dr_grpo"), "loss_type must be grpo, dapo or dr_grpo"),
             (self.scale_rewards in ("group", "batch", "none"), "scale_rewards must be group, batch or none"),
             (self.beta >= 0, "beta must be >= 0"),

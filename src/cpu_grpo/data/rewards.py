@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import RewardError
-from . import verifiers
+from . import timelimit, verifiers
 from .answers import NUMBER, answers_match, completion_text, extract_answer
 
 RewardFn = Callable[..., list[float]]
@@ -313,11 +313,45 @@ def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str) -> Non
                               f"--column-map 'yours:{missing[0]}', or use a reward that reads the columns there")
 
 
-def call_reward(fn: RewardFn, completions: list, columns: dict, ids: Sequence[str], log=print) -> list[float]:
+TIMEOUTS_IN_A_ROW = 3  # batches in a row on which a reward function passed its time limit, before the run stops
+_late: dict[str, int] = {}  # a reward function's name -> batches in a row on which it passed its time limit
+
+
+class RewardStopped(Exception):
+    """A stop was requested while a reward function ran: the batch is not scored."""
+
+
+def call_reward(fn: RewardFn, completions: list, columns: dict, ids: Sequence[str], log=print, limit: float = 0.0,
+                stop=None) -> list[float]:
     """fn on the completions; when it raises, again one completion at a time: those on which it raises score 0,
     with one warning that names the function, the first row and where it raised; if it raises on every one, the
-    run stops with that sentence. A wrong return (shape or type) stops it at once: that is a bug, not a row."""
+    run stops with that sentence. A wrong return (shape or type) stops it at once: that is a bug, not a row.
+
+    With `limit` (seconds, 0: none), a call still running then is interrupted: the batch scores 0, with one warning
+    that names the function and the limit; on TIMEOUTS_IN_A_ROW batches in a row, the run stops with one sentence.
+    `stop()` turning true interrupts it too: RewardStopped (timelimit.py says how, and what cannot be interrupted)."""
     name = getattr(fn, "__name__", "reward")
+    try:
+        with timelimit.limit(limit, stop):
+            values = _scores(fn, name, completions, columns, ids, log)
+    except timelimit.Interrupted as e:
+        if e.reason == "stop":
+            raise RewardStopped(f"a stop was requested while reward function {name} ran") from None
+        _late[name] = _late.get(name, 0) + 1
+        if _late[name] >= TIMEOUTS_IN_A_ROW:
+            del _late[name]
+            raise RewardError(f"reward function {name} ran past its limit of {limit:g} s on {TIMEOUTS_IN_A_ROW} "
+                              "batches in a row: fix it (a loop that never ends, a wait for something that never "
+                              "comes), or give it more time with --reward-timeout") from None
+        log(f"warning: reward function {name} ran past its limit of {limit:g} s on a batch of {len(completions)} "
+            "completions, which scored 0: give it more time with --reward-timeout if it needs it")
+        return [0.0] * len(completions)
+    _late.pop(name, None)
+    return values
+
+
+def _scores(fn: RewardFn, name: str, completions: list, columns: dict, ids: Sequence[str], log) -> list[float]:
+    """call_reward's scores, with no time limit."""
     try:
         return as_scores(name, fn(completions=completions, **columns), len(completions))
     except RewardError:

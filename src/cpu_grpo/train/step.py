@@ -96,8 +96,9 @@ def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "", n
     return varies[:n]
 
 
-def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Every reward function on the completions: the weighted total (N,) and each function's values.
+def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) -> tuple[torch.Tensor, dict]:
+    """Every reward function on the completions: the weighted total (N,) and each function's values. Each call may
+    take `reward_timeout` seconds (then it scores 0); `stop()` turning true interrupts it (rewards.RewardStopped).
 
     A completion cut at the length limit earns no credit (its positive rewards count as 0; penalties such as
     `overlong` stay) unless `score_truncated`: otherwise a model can write its answer and then anything until the
@@ -108,7 +109,7 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print) -> tuple[to
     ids = [ex.id for ex in batch for _ in range(g)]
     per_fn = {}
     for fn in reward_fns:
-        values = rewards.call_reward(fn, rollout.texts, columns, ids, log)
+        values = rewards.call_reward(fn, rollout.texts, columns, ids, log, cfg.reward_timeout, stop)
         per_fn[fn.__name__] = [min(v, 0.0) if cut and not cfg.score_truncated else v
                                for v, cut in zip(values, rollout.truncated, strict=True)]
     total = torch.zeros(len(rollout.texts))
@@ -120,7 +121,7 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print) -> tuple[to
 def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
     """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the step's r.prompts problems at position
     `pos` of the stage's order. Returns what it did over every group sampled, or None when a stop was requested
-    during sampling (the rollout is discarded: the last complete step is what gets saved)."""
+    during sampling or a reward function (the rollout is discarded: the last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
     t0 = time.time()
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
@@ -134,7 +135,11 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | Non
         if stop_agreed(r, stop):
             return None
         t = time.time()
-        parts.append(_gathered(r, part, *score(cfg, reward_fns, part, r.log)))
+        try:  # one process: a stop interrupts a reward function that hangs (ranks wait for its time limit)
+            scored = score(cfg, reward_fns, part, r.log, (lambda: stop.requested) if r.world.size == 1 else None)
+        except rewards.RewardStopped:  # the rollout is discarded, as in sampling
+            return None
+        parts.append(_gathered(r, part, *scored))
         times["scoring"] += time.time() - t
         rollout = sum((p[0] for p in parts[1:]), parts[0][0])
         total = torch.cat([p[1] for p in parts])
