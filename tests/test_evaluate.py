@@ -122,3 +122,22 @@ def test_eval_refuses_an_output_whose_directory_is_missing_before_loading_anythi
     out = subprocess.run([sys.executable, "-m", "cpu_grpo.cli", "eval", "--model", str(tmp_path / "no-model"),
                           "--output", str(tmp_path / "missing" / "e.jsonl")], capture_output=True, text=True)
     assert out.returncode == 2 and "its directory does not exist: create it" in out.stderr
+
+
+def test_eval_of_a_checkpoint_whose_weights_are_cut_short_is_one_sentence(tiny_model, tmp_path, capsys):
+    """`cpu-grpo eval --model CHECKPOINT` with its model.safetensors cut short (a copy that stopped half way): one
+    sentence naming the file and that it is damaged, exit code 2, no safetensors traceback."""
+    import shutil
+
+    from cpu_grpo.cli import main
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    shutil.copytree(tiny_model, ckpt)
+    weights = ckpt / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: size // 2])
+    assert main(["eval", "--model", str(ckpt), "--n", "2", "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cpu-grpo: {weights} is damaged (cut short: {size // 2:,} of its {size:,} bytes): copy it "
+                          "again, or point --model at another model or checkpoint"), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -48,6 +48,25 @@ def test_directory_without_weights_and_a_truncated_gguf(tiny_model, tmp_path, mo
         resolve_model(str(cut))
 
 
+def test_damaged_safetensors_are_one_sentence(tiny_model, tmp_path):
+    """Weights cut short, or a file that is no safetensors at all, are named before anything loads them."""
+    import shutil
+
+    assert resolve_model(tiny_model) == tiny_model  # an intact file passes
+    target = tmp_path / "copy"
+    shutil.copytree(tiny_model, target)
+    weights = target / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1])
+    with pytest.raises(ModelError, match=f"is damaged \\(cut short: {len(data) - 1:,} of its {len(data):,} bytes"):
+        resolve_model(str(target))
+    weights.write_bytes(b"<html>not found</html>")
+    with pytest.raises(ModelError, match="is damaged \\(cut short, or not a safetensors file"):
+        resolve_model(str(target))
+    weights.write_bytes((12).to_bytes(8, "little") + b"not json at all")
+    with pytest.raises(ModelError, match="is damaged \\(not a safetensors file: its header cannot be read"):
+        resolve_model(str(target))
+
 def test_remote_code_is_refused_unless_asked(tiny_model, tmp_path):
     target = tmp_path / "remote"
     target.mkdir()

@@ -82,6 +82,11 @@ def resolve_model(spec: str, log=print) -> str:
         if not any(next(path.glob(pattern), None) for pattern in ("*.safetensors", "*.bin", "*.pt")):
             raise ModelError(f"{spec} has a config but no weights (model.safetensors, pytorch_model.bin or an "
                              "adapter): copy them there, or point --model at the complete model directory.")
+        for weights in sorted(path.glob("*.safetensors")):
+            why = damaged_safetensors(weights)
+            if why:
+                raise ModelError(f"{weights} is damaged ({why}): copy it again, or point --model at another "
+                                 "model or checkpoint (an older step-NNNNNN of the run).")
         return str(path)
     if spec in ALIASES:
         return _resolve_alias(spec, log)
@@ -93,6 +98,26 @@ def resolve_model(spec: str, log=print) -> str:
         return local or spec
     raise ModelError(f"model '{spec}' is not in the local Hugging Face cache and the hub cannot be reached: "
                      f"pass a local directory or .gguf file, or an alias that works offline ({DEFAULT_MODEL}).")
+
+
+def damaged_safetensors(path: Path) -> str | None:
+    """What is wrong with a .safetensors file, from its header and its size alone (cut short, or not a
+    safetensors file), or None."""
+    import json
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > size - 8:
+                return f"cut short, or not a safetensors file: {size:,} bytes, fewer than its header says"
+            header = json.loads(f.read(n))
+        end = max((m["data_offsets"][1] for k, m in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return "not a safetensors file: its header cannot be read"
+    if size < 8 + n + end:
+        return f"cut short: {size:,} of its {8 + n + end:,} bytes"
+    return None
 
 
 def _aliases() -> str:
