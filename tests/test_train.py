@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -519,3 +520,106 @@ def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_
     assert (out / "eval_before.jsonl").read_text() == before
     assert (out / "train_config.yaml").read_text() == config_text  # the run's own config, to resume with
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.fixture
+def read_only():
+    """Makes a directory read-only for real: a bind mount of it onto itself, remounted read-only (chmod does not
+    stop root); `read_only(path)` returns a function that makes it writable again. Needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only mount needs root (run the suite as root, as CI does)")
+    mounted = []
+
+    def make(path: Path):
+        if subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True).returncode != 0:
+            pytest.skip("this machine allows no bind mount")
+        mounted.append(path)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True, capture_output=True)
+
+        def writable_again():
+            subprocess.run(["umount", str(path)], check=True)
+            mounted.remove(path)
+        return writable_again
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+CONSTANT = "def constant_reward(completions, **kw):\n    return [0.5] * len(completions)\n"
+
+
+@pytest.mark.parametrize("reward", ["length_reward", "constant_reward"])
+def test_a_read_only_checkpoint_directory_is_one_sentence(tiny_model, tmp_path, reward_file, read_only, capsys,
+                                                          reward):
+    """The run's checkpoints/ is read-only (a real read-only mount) when step 1's checkpoint is marked good (the
+    rollouts of step 2 taught something: length_reward) or when step 2's checkpoint is saved (constant_reward):
+    one sentence naming the directory and the way on, no traceback, step 1's checkpoint kept, the status failed;
+    made writable again, --resume finishes with each step logged once."""
+    reward_file.write_text(reward_file.read_text() + "\n" + CONSTANT)
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=1, save_every=1,
+                   rewards=[f"{reward_file}:{reward}"]), log=lambda *a: None)
+    writable_again = read_only(out / "checkpoints")
+    assert main(["train", "--output-dir", str(out), "--resume", "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    what = "checkpoint step-000001 could not be marked good" if reward == "length_reward" else \
+        "the checkpoint of step 2 could not be saved"
+    assert f"cpu-grpo: {out / 'checkpoints'} is read-only (Read-only file system): {what}; make it writable" in err
+    assert "continue with --resume (from step-000001)" in err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("cpu-grpo:")]) == 1, err
+    assert [c.name for c in checkpoint.complete(out / "checkpoints")] == ["step-000001"]
+    assert json.loads((out / "status.json").read_text())["state"] == "failed"
+    writable_again()
+    assert main(["train", "--output-dir", str(out), "--resume", "--steps", "3"]) == 0
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_resume_passes_over_a_checkpoint_with_a_tensor_of_another_shape(tiny_model, tmp_path, reward_file, capsys):
+    """A model.safetensors edited by hand (one tensor cut to another shape): resume names the tensor and both
+    shapes in one warning and goes on from the older checkpoint; loaded into the model anyway, one sentence."""
+    from safetensors.torch import save_file
+
+    from cpu_grpo.engine.models import load_model
+
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2, save_every=1), log=lambda *a: None)
+    newest, name = out / "checkpoints" / "step-000002", "model.layers.0.mlp.up_proj.weight"
+    weights = load_file(newest / "model.safetensors")
+    assert list(weights[name].shape) == [64, 32]
+    weights[name] = weights[name][:, :16].contiguous()
+    save_file(weights, newest / "model.safetensors", metadata={"format": "pt"})
+    said = f"model.safetensors holds {name} of shape [64, 16], the model expects [64, 32]"
+    with pytest.raises(UserError, match=re.escape(f"does not fit this model: {said}: resume from another checkpoint")):
+        checkpoint.load_weights(load_model(tiny_model, log=lambda *a: None)[0], newest)
+    lines = []
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=3), resume=True, log=lines.append)
+    warned = [x for x in capsys.readouterr().out.splitlines() if "skipping checkpoint" in x]
+    assert warned == [f"warning: skipping checkpoint step-000002: {said}; trying an older one"]
+    assert any("resumed from" in str(x) and "step-000001" in str(x) for x in lines)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_resume_names_a_checkpoint_without_trainer_state_and_never_restarts_silently(tiny_model, tmp_path,
+                                                                                     reward_file, capsys):
+    """A checkpoint directory without trainer_state.pt: one warning names it and why, resume goes on from the older
+    one; with no checkpoint left that can be resumed from, one sentence names them and the ways on (the run is
+    not restarted from step 0 over them)."""
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2, save_every=1), log=lambda *a: None)
+    (out / "checkpoints" / "step-000002" / "trainer_state.pt").unlink()
+    lines = []
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=3), resume=True, log=lines.append)
+    warned = [x for x in capsys.readouterr().out.splitlines() if "skipping checkpoint" in x]
+    assert warned == ["warning: skipping checkpoint step-000002: it has no trainer_state.pt (the optimizer, the step "
+                      "and the data position); trying an older one"]
+    assert any("resumed from" in str(x) and "step-000001" in str(x) for x in lines)
+    assert [c.name for c in checkpoint.complete(out / "checkpoints")] == ["step-000002", "step-000003"]
+    for ckpt in checkpoint.complete(out / "checkpoints"):
+        (ckpt / "trainer_state.pt").unlink()
+    assert main(["train", "--output-dir", str(out), "--resume", "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert (f"cpu-grpo: --resume: none of the checkpoints under {out}/checkpoints (step-000002, step-000003) can be "
+            "resumed from (see the warnings above): repair one or restore it from a backup, or start a new run with "
+            "another --output-dir.") in err and "Traceback" not in err
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]  # nothing run again from step 0

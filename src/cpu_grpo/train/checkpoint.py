@@ -14,6 +14,7 @@ torch is imported where it is used, so that the web app lists checkpoints withou
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import config as config_mod
-from ..errors import UserError
+from ..errors import RunDirError, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +42,19 @@ def save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int
     removed by the rotation, and neither is the newest checkpoint whose weights sampled a step that taught something
     (`mark_good`), so that a run that collapses (a learning rate that wrecks the model: reward 0 everywhere) never
     rotates its last good weights away. `extra(dir)` writes more files into the checkpoint before it is complete.
+    A directory that cannot be written (read-only, no permission) is one sentence (`unwritable`); the older
+    checkpoints stay.
     """
+    try:
+        return _save(run_dir, step, model, tokenizer, cfg, state, keep, tag, extra)
+    except OSError as e:
+        failure = unwritable(e, run_dir, f"the checkpoint of step {step} could not be saved")
+        if failure is None:
+            raise
+        raise failure from None
+
+
+def _save(run_dir: Path, step: int, model, tokenizer, cfg, state: dict, keep: int, tag: str, extra) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -75,9 +88,32 @@ def mark_good(run_dir: Path, step: int) -> None:
     rewards differed): its checkpoint, if it has one, is known good. The checkpoint saved after a step holds the
     weights that step's update made, which only the next step's rollouts can judge."""
     ckpt = Path(run_dir) / "checkpoints" / f"step-{step:06d}"
-    if (ckpt / STATE_FILE).exists():
-        (ckpt / GOOD_FILE).write_text(f"the rollouts of step {step + 1}, sampled from these weights, taught "
-                                      "something\n")
+    if (ckpt / STATE_FILE).exists() and not (ckpt / GOOD_FILE).exists():
+        try:
+            (ckpt / GOOD_FILE).write_text(f"the rollouts of step {step + 1}, sampled from these weights, taught "
+                                          "something\n")
+        except OSError as e:
+            failure = unwritable(e, run_dir, f"checkpoint {ckpt.name} could not be marked good")
+            if failure is None:
+                raise
+            raise failure from None
+
+
+_NOT_WRITABLE = {errno.EROFS: "read-only", errno.EACCES: "not writable by this user",
+                 errno.EPERM: "not writable by this user"}
+
+
+def unwritable(e: OSError, run_dir: Path, what: str) -> RunDirError | None:
+    """A checkpoint directory that cannot be written (a read-only mount, no permission) as one sentence naming it
+    and the way on; None for any other error (a full disk: runstate.save_checkpoint says it)."""
+    if e.errno not in _NOT_WRITABLE:
+        return None
+    root = Path(run_dir) / "checkpoints"
+    where = root if root.is_dir() else Path(run_dir)
+    last = latest(run_dir)
+    return RunDirError(f"{where} is {_NOT_WRITABLE[e.errno]} ({os.strerror(e.errno)}): {what}; make it writable "
+                       f"(remount it read-write, or give this user write permission) and continue with --resume "
+                       f"(from {last.name if last else 'the start'}); the checkpoints already there are kept")
 
 
 def last_good(checkpoints: list[Path]) -> list[Path]:
@@ -88,9 +124,15 @@ def last_good(checkpoints: list[Path]) -> list[Path]:
 
 def complete(root: Path) -> list[Path]:
     """Complete checkpoints under root, oldest first."""
+    return [p for p in candidates(root) if (p / STATE_FILE).exists()]
+
+
+def candidates(root: Path) -> list[Path]:
+    """The directories under root named as checkpoints (step-NNNNNN), complete or not, oldest first: a save only
+    ever renames a complete one into place, so one without trainer_state.pt was changed by hand."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name) and (p / STATE_FILE).exists()]
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
@@ -109,13 +151,21 @@ def latest(run_dir: Path) -> Path | None:
 
 
 def problem(ckpt: Path) -> str | None:
-    """Why a complete-looking checkpoint cannot be resumed from (a file missing or unreadable), or None."""
+    """Why a checkpoint cannot be resumed from (a file missing, unreadable or cut short, a tensor of another shape
+    than its config.json makes), or None."""
     from safetensors import safe_open
 
+    from ..engine.models import damaged_safetensors
+
+    if not (ckpt / STATE_FILE).exists():
+        return f"it has no {STATE_FILE} (the optimizer, the step and the data position)"
     weights = sorted(ckpt.glob("model*.safetensors")) + sorted(ckpt.glob("adapter_model.safetensors"))
     if not weights:
         return "it has no model.safetensors or adapter_model.safetensors"
     for f in weights:
+        why = damaged_safetensors(f)
+        if why:
+            return f"{f.name} is damaged ({why})"
         try:
             with safe_open(str(f), "pt") as st:  # reads the header; a cut-off file fails on its last tensor
                 names = list(st.keys())
@@ -123,6 +173,9 @@ def problem(ckpt: Path) -> str | None:
                     st.get_tensor(names[-1])
         except Exception as e:
             return f"{f.name} is unreadable ({type(e).__name__})"
+    why = wrong_shape(ckpt, [f for f in weights if f.name.startswith("model")])
+    if why:
+        return why
     try:
         load_state(ckpt)
     except Exception as e:
@@ -130,9 +183,39 @@ def problem(ckpt: Path) -> str | None:
     return None
 
 
+def wrong_shape(ckpt: Path, files: list[Path]) -> str | None:
+    """The first tensor of `files` whose shape is not the one the checkpoint's config.json makes (a model edited
+    by hand), named with both shapes; None when all fit (or there is no config.json to hold them to)."""
+    if not files or not (ckpt / "config.json").is_file():
+        return None
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(ckpt)
+    except Exception as e:
+        return f"config.json is unreadable ({type(e).__name__})"
+    if getattr(config, "auto_map", None):  # the model's own code: not run here
+        return None
+    with torch.device("meta"):  # shapes only: nothing allocated
+        expected = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                found = tuple(st.get_slice(name).get_shape())
+                if name in expected and found != expected[name]:
+                    return shape_sentence(f.name, name, found, expected[name])
+    return None
+
+
+def shape_sentence(file: str, name: str, found, expected) -> str:
+    return f"{file} holds {name} of shape {list(found)}, the model expects {list(expected)}"
+
+
 def latest_good(run_dir: Path, log=print) -> Path | None:
     """The newest checkpoint that loads; each newer one that does not is named, with what is wrong with it."""
-    for ckpt in reversed(complete(Path(run_dir) / "checkpoints")):
+    for ckpt in reversed(candidates(Path(run_dir) / "checkpoints")):
         why = problem(ckpt)
         if why is None:
             return ckpt
@@ -160,18 +243,30 @@ def restore_rng(state: dict, generator: torch.Generator) -> None:
 
 
 def load_weights(model, ckpt: Path):
-    """Load a checkpoint's trained weights (full model or LoRA adapter) into an already built model."""
+    """Load a checkpoint's trained weights (full model or LoRA adapter) into an already built model; one that does
+    not fit it (a tensor missing, extra or of another shape) is one sentence."""
     from safetensors.torch import load_file
 
     adapter = Path(ckpt) / "adapter_model.safetensors"
     if adapter.exists():
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(adapter))
+        try:
+            set_peft_model_state_dict(model, load_file(adapter))
+        except RuntimeError as e:  # "size mismatch for ...: copying a param with shape ..."
+            raise UserError(f"checkpoint {ckpt} does not fit this model ({str(e).strip().splitlines()[-1][:300]}): "
+                            "resume from another checkpoint, with the same --model, --use-lora and lora_r as the "
+                            "run.") from None
         return model
-    state = {}
+    state, shapes = {}, {n: tuple(t.shape) for n, t in model.state_dict().items()}
     for f in sorted(Path(ckpt).glob("model*.safetensors")):  # not ewc.safetensors
-        state.update(load_file(f))
+        part = load_file(f)
+        bad = [n for n, t in part.items() if n in shapes and tuple(t.shape) != shapes[n]]
+        if bad:
+            raise UserError(f"checkpoint {ckpt} does not fit this model: "
+                            f"{shape_sentence(f.name, bad[0], part[bad[0]].shape, shapes[bad[0]])}: resume from "
+                            "another checkpoint (move this one aside), with the same --model as the run.")
+        state.update(part)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:

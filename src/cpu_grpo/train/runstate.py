@@ -138,9 +138,11 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     if run.exists() and not run.is_dir():
         raise RunDirError(f"--output-dir {run} is a file, not a directory: choose another --output-dir.")
     ckpt = checkpoint.latest_good(run) if resume else None
-    if resume and ckpt is None and checkpoint.complete(run / "checkpoints"):
-        raise RunDirError(f"--resume: no checkpoint under {run}/checkpoints loads (see the warnings above): start a "
-                         "new run in another directory, or restore a checkpoint from a backup.")
+    found = [c.name for c in checkpoint.candidates(run / "checkpoints")] if resume and ckpt is None else []
+    if found:  # never silently from step 0 over checkpoints that are there
+        raise RunDirError(f"--resume: none of the checkpoints under {run}/checkpoints ({', '.join(found)}) can be "
+                          "resumed from (see the warnings above): repair one or restore it from a backup, or start "
+                          "a new run with another --output-dir.")
     if resume and ckpt is None and not (run / "train_config.yaml").exists():
         raise RunDirError(f"--resume: {run} holds no run to continue: start a new run without --resume.")
     if not resume and (run / "metrics.jsonl").exists():
