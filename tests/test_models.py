@@ -67,6 +67,26 @@ def test_damaged_safetensors_are_one_sentence(tiny_model, tmp_path):
     with pytest.raises(ModelError, match="is damaged \\(not a safetensors file: its header cannot be read"):
         resolve_model(str(target))
 
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_of_another_shape_are_one_sentence(tiny_model, tmp_path, dtype):
+    """A model.safetensors edited by hand (a tensor cut to another shape than config.json makes): loading it (eval
+    --model, train --model) names the tensor, the shape found and the shape expected."""
+    import re
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "edited"
+    shutil.copytree(tiny_model, target)
+    weights, name = load_file(target / "model.safetensors"), "model.layers.0.mlp.up_proj.weight"
+    weights[name] = weights[name][:, :16].contiguous()
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    said = f"model.safetensors holds {name} of shape [64, 16], the model expects [64, 32]: restore the file"
+    with pytest.raises(ModelError, match=re.escape(said)):
+        load_model(str(target), log=lambda *a: None, dtype=getattr(torch, dtype))
+
 def test_remote_code_is_refused_unless_asked(tiny_model, tmp_path):
     target = tmp_path / "remote"
     target.mkdir()

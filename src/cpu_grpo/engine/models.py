@@ -120,6 +120,37 @@ def damaged_safetensors(path: Path) -> str | None:
     return None
 
 
+def wrong_shape(ckpt: Path, files: list[Path]) -> str | None:
+    """The first tensor of `files` (safetensors in the model directory `ckpt`) whose shape is not the one the
+    directory's config.json makes (a model edited by hand), named with both shapes; None when all fit (or there is
+    no config.json to hold them to)."""
+    if not files or not (ckpt / "config.json").is_file():
+        return None
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(ckpt)
+    except Exception as e:
+        return f"config.json is unreadable ({type(e).__name__})"
+    if getattr(config, "auto_map", None):  # the model's own code: not run here
+        return None
+    with torch.device("meta"):  # shapes only: nothing allocated
+        expected = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                found = tuple(st.get_slice(name).get_shape())
+                if name in expected and found != expected[name]:
+                    return shape_sentence(f.name, name, found, expected[name])
+    return None
+
+
+def shape_sentence(file: str, name: str, found, expected) -> str:
+    return f"{file} holds {name} of shape {list(found)}, the model expects {list(expected)}"
+
+
 def _aliases() -> str:
     return ", ".join(ALIASES)
 
@@ -211,8 +242,8 @@ def _load_low_memory(where: str, config, dtype):
             for name, meta in header.items():
                 if name == "__metadata__":
                     continue
-                if name not in params or meta["dtype"] not in kinds:
-                    return None
+                if name not in params or meta["dtype"] not in kinds or list(params[name].shape) != meta["shape"]:
+                    return None  # from_pretrained says what is wrong
                 start, end = meta["data_offsets"]
                 f.seek(8 + size + start)
                 raw = torch.empty(end - start, dtype=torch.uint8)
@@ -277,7 +308,7 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     import torch
 
     dtype = dtype or torch.float32
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     where = resolve_model(spec, log)
     adapter = Path(where) / "adapter_config.json"
@@ -307,7 +338,7 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     if dtype != torch.float32 and Path(where).is_dir():
         model = _load_low_memory(where, config, dtype)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = _from_pretrained(where, dtype, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -319,6 +350,21 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     if note:
         log(note)
     return model, tok
+
+
+def _from_pretrained(where: str, dtype, trust_remote_code: bool):
+    """AutoModelForCausalLM.from_pretrained; weights of another shape than the config makes are one sentence."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+    except RuntimeError as e:
+        why = wrong_shape(Path(where), sorted(Path(where).glob("model*.safetensors"))) \
+            if "mismatch" in str(e) and Path(where).is_dir() else None
+        if why is None:
+            raise
+        raise ModelError(f"{where}: {why}: restore the file from where it came from, or point --model at another "
+                         "model or checkpoint.") from None
 
 
 def bf16_supported() -> bool:

@@ -155,7 +155,7 @@ def problem(ckpt: Path) -> str | None:
     than its config.json makes), or None."""
     from safetensors import safe_open
 
-    from ..engine.models import damaged_safetensors
+    from ..engine.models import damaged_safetensors, wrong_shape
 
     if not (ckpt / STATE_FILE).exists():
         return f"it has no {STATE_FILE} (the optimizer, the step and the data position)"
@@ -181,36 +181,6 @@ def problem(ckpt: Path) -> str | None:
     except Exception as e:
         return f"{STATE_FILE} is unreadable ({type(e).__name__})"
     return None
-
-
-def wrong_shape(ckpt: Path, files: list[Path]) -> str | None:
-    """The first tensor of `files` whose shape is not the one the checkpoint's config.json makes (a model edited
-    by hand), named with both shapes; None when all fit (or there is no config.json to hold them to)."""
-    if not files or not (ckpt / "config.json").is_file():
-        return None
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(ckpt)
-    except Exception as e:
-        return f"config.json is unreadable ({type(e).__name__})"
-    if getattr(config, "auto_map", None):  # the model's own code: not run here
-        return None
-    with torch.device("meta"):  # shapes only: nothing allocated
-        expected = {n: tuple(t.shape) for n, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
-    for f in files:
-        with safe_open(str(f), "pt") as st:
-            for name in st.keys():
-                found = tuple(st.get_slice(name).get_shape())
-                if name in expected and found != expected[name]:
-                    return shape_sentence(f.name, name, found, expected[name])
-    return None
-
-
-def shape_sentence(file: str, name: str, found, expected) -> str:
-    return f"{file} holds {name} of shape {list(found)}, the model expects {list(expected)}"
 
 
 def latest_good(run_dir: Path, log=print) -> Path | None:
@@ -246,6 +216,8 @@ def load_weights(model, ckpt: Path):
     """Load a checkpoint's trained weights (full model or LoRA adapter) into an already built model; one that does
     not fit it (a tensor missing, extra or of another shape) is one sentence."""
     from safetensors.torch import load_file
+
+    from ..engine.models import shape_sentence
 
     adapter = Path(ckpt) / "adapter_model.safetensors"
     if adapter.exists():
