@@ -267,6 +267,25 @@ def test_a_model_off_the_fast_path_says_so_and_still_works(tokenizer_dir, tmp_pa
     test_training_logprobs_equal_the_hf_forward(model)
 
 
+@pytest.mark.slow
+def test_a_gpt2_model_is_planned_and_trained(tokenizer_dir, tmp_path):
+    """GPT-2's config names its sizes n_embd, n_inner (unset: 4 x hidden) and has no grouped key-value heads: the
+    planner's forecast and the micro-batch estimate read them (a run crashed in the forecast), and a step trains."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from cpu_grpo import cli
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=1024,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    run = tmp_path / "run"
+    assert cli.main(["train", "--profile", "quick", "--model", str(tmp_path), "--steps", "1", "--eval-size", "2",
+                     "--output-dir", str(run)]) == 0
+    assert (run / "metrics.jsonl").read_text().count("\n") == 1
+
+
 def _plan_says_so(where: str, shapes) -> None:
     """`cpu-grpo plan` of a model off the fast path: the generic path's measured factors, and a line saying so."""
     import dataclasses

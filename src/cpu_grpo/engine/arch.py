@@ -41,6 +41,31 @@ class Arch(NamedTuple):
     window: tuple[int | None, ...]  # per layer: sliding window (attends to the last `window` positions); None: all
 
 
+class Dims(NamedTuple):
+    """A decoder's sizes, under whatever names its config uses."""
+
+    hidden: int
+    heads: int
+    head_dim: int
+    kv_heads: int
+    ffn: int  # the MLP's inner width
+    layers: int
+
+
+def dims(cfg) -> Dims:
+    """The sizes of any causal LM's config: Llama's names, GPT-2's (n_inner, 4 x hidden when unset; no grouped
+    key-value heads) and Gemma 3's head_dim, which is not hidden / heads.
+
+    >>> from transformers import GPT2Config
+    >>> dims(GPT2Config(n_embd=64, n_head=4, n_layer=2))
+    Dims(hidden=64, heads=4, head_dim=16, kv_heads=4, ffn=256, layers=2)
+    """
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    ffn = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * h
+    return Dims(h, heads, getattr(cfg, "head_dim", None) or h // heads,
+                getattr(cfg, "num_key_value_heads", None) or heads, ffn, cfg.num_hidden_layers)
+
+
 def arch_of(net) -> Arch:
     """The Arch of a causal LM (or its peft wrapper) of one of ARCHS, as transformers builds it from the config."""
     base = net.get_base_model() if hasattr(net, "get_base_model") else net

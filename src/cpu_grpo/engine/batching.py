@@ -7,6 +7,7 @@ import itertools
 import torch
 
 from . import llama
+from .arch import dims
 from .logprobs import token_logprobs
 from .rollout import left_pad
 
@@ -79,17 +80,17 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     (bench/dev/activation_bytes.py).
     Models off the llama fast path, and training without autocast, keep more.
     """
-    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    n = dims(cfg)
+    h, i, layers = n.hidden, n.ffn, n.layers
+    q, kv = n.heads * n.head_dim, n.kv_heads * n.head_dim
     kind = getattr(cfg, "model_type", "")
     extra = 6 * (q + kv) if kind in ("qwen3", "gemma3_text") else 0  # q/k norms: their input and fp32 output
     if kind == "gemma3_text":  # the norms after attention and MLP, and GELU's output (SiLU's is recomputed)
         extra += 20 * h + 2 * i
     token = layers * (20 * h + 6 * i + 8 * q + 4 * kv + extra)
     seq = prompt_len + completion_len
-    row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * cfg.num_attention_heads * completion_len)
-    prompt = prompt_len * token + layers * 2 * cfg.num_attention_heads * prompt_len**2
+    row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * n.heads * completion_len)
+    prompt = prompt_len * token + layers * 2 * n.heads * prompt_len**2
     probs = rows * completion_len * cfg.vocab_size * 2  # kept only when it fits (grpo.token_logprobs)
     return rows * row + groups * prompt + (probs if probs <= 256 * 2**20 else 0)
 

@@ -88,11 +88,11 @@ class Shapes:
 
     @classmethod
     def of(cls, config, lora_r: int = 16) -> Shapes:
-        from ..engine.arch import supports_config
+        from ..engine.arch import dims, supports_config
 
         c = config.get_text_config() if hasattr(config, "get_text_config") else config  # Gemma 3's multimodal one
-        d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        h, q, kv, f = c.hidden_size, c.num_attention_heads * d, c.num_key_value_heads * d, c.intermediate_size
+        n = dims(c)
+        h, d, q, kv, f = n.hidden, n.head_dim, n.heads * n.head_dim, n.kv_heads * n.head_dim, n.ffn
         linears = [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]  # (in, out) per layer
         per_layer = sum(i * o for i, o in linears)
         embed = c.vocab_size * h
@@ -161,6 +161,7 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
 
 def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
     """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
+    from ..engine.arch import dims
     from ..engine.batching import activation_bytes, micro_rows
     from ..engine.rollout import PREFILL_TOKENS
 
@@ -172,11 +173,11 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     if cfg.beta > 0:
         weights += 4 * p  # the frozen reference
     rows = cfg.prompts_per_step * cfg.num_generations
-    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_token = 2 * 2 * c.num_hidden_layers * c.num_key_value_heads * d  # bf16 keys and values of one token
+    size = dims(c)
+    kv_token = 2 * 2 * size.layers * size.kv_heads * size.head_dim  # bf16 keys and values of one token
 
     def prefill(prompts: int) -> int:  # a prefill call's MLP activations: gate and up, the activation, the product
-        return 2 * 4 * c.intermediate_size * min(PREFILL_TOKENS, prompts * prompt_len)
+        return 2 * 4 * size.ffn * min(PREFILL_TOKENS, prompts * prompt_len)
 
     # a rollout's KV cache and prefill; an evaluation batch's, and its logits
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len) + prefill(cfg.prompts_per_step)
