@@ -191,17 +191,27 @@ def _gathered(r: Run, rollout: Rollout, total: torch.Tensor, per_fn: dict) -> tu
             {k: [x for group in whole for x in group[6][k]] for k in per_fn})
 
 
+def sampled_correct(cfg: TrainConfig, rollout: Rollout, per_fn: dict) -> list[bool]:
+    """Whether each sampled completion is correct as the evaluations judge it (eval.evaluate.Judge): a math row by
+    its extracted answer (unless `correct_reward` is set), any other row by the correct reward (`correct_reward`,
+    else the first) scoring 1, as scored (a completion cut at the limit earns nothing from it)."""
+    g = cfg.num_generations
+    judged = list(per_fn.values())[cfg.rewards.index(cfg.correct_reward) if cfg.correct_reward else 0]
+    by_answer = rewards.correctness_reward(rollout.texts, [ex.answer for ex in rollout.batch for _ in range(g)])
+    return [bool(a) if ex.math and not cfg.correct_reward else v == 1.0
+            for i, (a, v) in enumerate(zip(by_answer, judged, strict=True)) for ex in [rollout.batch[i // g]]]
+
+
 def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update, times) -> dict:
     """The step's line of metrics.jsonl (TRL's names for the trackers are in trackers.TRL_NAMES)."""
     cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
     n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
     trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
                   for i in upd.groups)
-    answers = [ex.answer for ex in rollout.batch for _ in range(g)]
     return {
         "step": r.step, "stage_step": r.stage_step, "loss": upd.sums["loss"], "reward": total.mean().item(),
         **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
-        "accuracy": sum(rewards.correctness_reward(rollout.texts, answers)) / n,
+        "accuracy": sum(sampled_correct(cfg, rollout, per_fn)) / n,
         "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
         "ewc_penalty": upd.sums["ewc_penalty"], "ewc_grad_norm": upd.sums["ewc_grad_norm"],
         "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
