@@ -53,7 +53,7 @@ def step_share(steps: int) -> list[str]:
     for line in (out / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
         lines.append(f"step {m['step']}: scoring {m['time_scoring']:.2f} s of {m['step_seconds']:.1f} s "
-                     f"({100 * m['time_scoring'] / m['step_seconds']:.1f}%), accuracy {m['accuracy']:.2f}")
+                     f"({100 * m['time_scoring'] / m['step_seconds']:.1f}%), reward {m['reward']:.2f}")
     return lines
 
 
