@@ -90,9 +90,23 @@ def test_code_reward_runs_the_last_block_against_the_tests():
     "print(open('main.py').read())\nimport os\nos._exit(0)",  # print the program, hoping the token is in it
     "import os\nprint(os.environ.get('CPU_GRPO_PASS'))\nos._exit(0)",
     "print(open('tests.py').read())",  # the tests are gone before the solution runs
+    "def add(a, b):\n    return 0\ndef check(got, want):\n    pass",  # a check of its own
+    "import builtins\nclass Any:\n    def __eq__(self, other):\n        return True\nbuiltins.type = lambda x: int\n"
+    "def add(a, b):\n    return Any()",  # check's type test defeated through the builtins
 ])
 def test_code_reward_is_not_fooled(hack):
     assert v.code_reward([f"```python\n{hack}\n```"], tests=["check(add(2, 3), 5)"]) == [0.0]
+    assert v.code_tests_reward([f"```python\n{hack}\n```"], tests=["check(add(2, 3), 5)\ncheck(add(1, 1), 2)"]) == [0.0]
+
+
+def test_code_tests_reward_is_the_share_of_the_tests_passed():
+    tests = ["check(add(2, 3), 5)\ncheck(add(0, 0), 0)\nassert add(-1, 1) == 0\ncheck(add(1, 1), 2)"] * 4
+    texts = ["```python\ndef add(a, b):\n    return a + b\n```",
+             "```python\ndef add(a, b):\n    return 0\n```",  # right where the sum is 0
+             "```python\ndef plus(a, b):\n    return a + b\n```",  # another name: nothing runs
+             "```python\ndef add(a, b):\n    return a + b\nimport sys\nsys.exit(0)\n```"]  # leaves before the tests
+    assert v.code_tests_reward(texts, tests=tests) == [1.0, 0.5, 0.0, 0.0]
+    assert v.code_reward(texts, tests=tests) == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_answer_tag():
@@ -101,5 +115,6 @@ def test_answer_tag():
 
 
 def test_every_verifier_loads_by_name():
-    for name in ("exact_match", "choice", "regex", "json", "math", "countdown", "code", "answer_tag"):
+    for name in ("exact_match", "choice", "regex", "json", "math", "countdown", "code", "code_tests",
+                 "answer_tag"):
         assert load_reward(name) is BUILTIN_REWARDS[name]

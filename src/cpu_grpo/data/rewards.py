@@ -170,6 +170,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math": verifiers.math_reward,
     "countdown": verifiers.countdown_reward,
     "code": verifiers.code_reward,
+    "code_tests": verifiers.code_tests_reward,
     "answer_tag": verifiers.answer_tag_reward,
 }
 BUILTIN_NAMES = (*BUILTIN_REWARDS, "overlong")  # overlong is built for the run's completion limit

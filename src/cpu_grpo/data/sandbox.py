@@ -36,6 +36,7 @@ class Result:
     status: str  # "passed" | "failed" | "timeout" | "killed"
     seconds: float
     output: str  # the end of what it printed (stdout and stderr), for reading a failure
+    share: float = 0.0  # run_tests: the share of the test statements that passed
 
 
 @functools.cache
@@ -86,13 +87,16 @@ def run_python(program: str, limits: Limits = Limits(), harness: str = "runpy.ru
     return Result(status == "passed", status, time.monotonic() - t0, output)
 
 
-# runs a solution, then its tests, in one namespace, and prints a pass token known only to this harness: a program
-# that exits early (sys.exit(0), os._exit) prints no token, so it passes nothing; tests.py is removed before the
-# solution runs and the token is taken out of the environment. `check(got, want)` compares values of the same exact
-# types, element by element, so an object whose __eq__ always says True does not pass. A program that searches
-# the interpreter's frames for the token could still forge it: a known limit.
-_TESTS = ("import os\n"
-          "def _harness(token=os.environ.pop('CPU_GRPO_PASS')):\n"
+# runs a solution, then each statement of its tests in its namespace, and prints a pass token known only to this
+# harness with how many statements passed: a program that exits early (sys.exit(0), os._exit) prints no token, so it
+# passes nothing; tests.py is parsed and removed before the solution runs and the token is taken out of the
+# environment. `check(got, want)` compares values of the same exact types, element by element, so an object whose
+# __eq__ always says True does not pass; it is put back before every statement and the builtins it uses are bound
+# before the solution runs, so a solution that defines its own `check` or replaces `type` passes nothing either. A
+# program that searches the interpreter's frames for the token could still forge it: a known limit.
+_TESTS = ("import ast, os\n"
+          "def _harness(token=os.environ.pop('CPU_GRPO_PASS'), type=type, len=len, zip=zip, all=all, list=list,\n"
+          "             tuple=tuple, dict=dict, Exception=Exception, print=print, exec=exec, compile=compile):\n"
           "    def same(a, b):\n"
           "        if type(a) is not type(b):\n"
           "            return False\n"
@@ -104,25 +108,36 @@ _TESTS = ("import os\n"
           "    def check(got, want):\n"
           "        if not same(got, want):\n"
           "            raise AssertionError(f'got {got!r}, want {want!r}')\n"
-          "    tests = open('tests.py').read()\n"
+          "    statements = [ast.Module([s], []) for s in ast.parse(open('tests.py').read()).body]\n"
           "    os.remove('tests.py')\n"
-          "    ns = {'__name__': '__main__', 'check': check}\n"
+          "    ns = {'__name__': '__main__'}\n"
           "    exec(compile(open('main.py').read(), 'solution.py', 'exec'), ns)\n"
-          "    exec(compile(tests, 'tests.py', 'exec'), ns)\n"
-          "    print('\\n' + token, flush=True)\n"
+          "    passed = 0\n"
+          "    for statement in statements:\n"
+          "        ns['check'] = check\n"
+          "        try:\n"
+          "            exec(compile(statement, 'tests.py', 'exec'), ns)\n"
+          "            passed += 1\n"
+          "        except Exception:\n"
+          "            pass\n"
+          "    print('\\n' + token, passed, len(statements), flush=True)\n"
           "_harness()\n")
 
 
 def run_tests(solution: str, tests: str, limits: Limits = Limits()) -> Result:
-    """Run `solution`, then `tests` (assert lines, or `check(got, want)` for exact comparisons) in its namespace;
-    passed only when the tests ran to their end (the harness's pass token is the last line printed)."""
+    """Run `solution`, then each statement of `tests` (assert lines, or `check(got, want)` for exact comparisons)
+    in its namespace; passed when every statement passed, and `share` the share that did (0 when the solution
+    failed, or exited before the harness could report)."""
     import secrets
 
     token = secrets.token_hex(16)
     result = run_python(solution, limits, harness=_TESTS, files={"tests.py": tests}, env={"CPU_GRPO_PASS": token})
-    passed = result.passed and result.output.rstrip().endswith(token)
+    last = result.output.rstrip().rsplit("\n", 1)[-1].split()
+    ran = result.passed and len(last) == 3 and last[0] == token
+    done, total = (int(last[1]), int(last[2])) if ran else (0, 1)
+    passed = ran and done == total
     return Result(passed, result.status if passed or not result.passed else "failed", result.seconds,
-                  result.output.replace(token, "<pass>"))
+                  result.output.replace(token, "<pass>"), done / total if total else float(passed))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -211,6 +211,13 @@ def code_reward(completions: Sequence, tests: Sequence, **kwargs: Any) -> list[f
     return [float(r.passed) for r in sandbox.run_many(pairs)]
 
 
+def code_tests_reward(completions: Sequence, tests: Sequence, **kwargs: Any) -> list[float]:
+    """The share of the row's test statements that pass, each run after the completion's code in the sandbox (as
+    `code_reward`, which pays only when all pass): partial credit for shaping, 0 where the code fails to run."""
+    pairs = [(code_of(completion_text(c)), str(t)) for c, t in zip(completions, tests, strict=True)]
+    return [r.share for r in sandbox.run_many(pairs)]
+
+
 def answer_tag_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     """1.0 where the completion ends with exactly one <answer>...</answer> (what follows it is at most a period).
 
