@@ -426,3 +426,18 @@ def test_sigterm_during_a_reward_that_hangs_stops_the_run(tiny_model, slow_file,
     assert proc.returncode == 0 and time.monotonic() - t0 < 60, rest
     assert "stopped before the first step: run the same command again" in rest and "Traceback" not in rest
     assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text()  # no step was logged
+
+
+def test_an_evaluation_judge_has_the_runs_time_limit(slow_file):
+    """The reward that decides "correct" in an evaluation is cut at the run's reward_timeout too (it was unlimited)."""
+    import time
+
+    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.eval.evaluate import Judge
+
+    judge = Judge.of([f"{slow_file}:hang_reward"], time_limit=0.3)
+    rows = [Example("Say hi", "", "mine", id="r1", math=False)]
+    t0, lines = time.monotonic(), []
+    assert judge.scores(rows, ["hi"], [[1]], lines.append) == [False]
+    assert time.monotonic() - t0 < 5 and "ran past its limit of 0.3 s" in lines[0]
+    rewards._late.clear()

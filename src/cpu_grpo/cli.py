@@ -95,7 +95,7 @@ def cmd_eval(args) -> int:
     n = 250 if args.n is None and (levels_of(args.task) or args.task in GENERATED) else args.n  # generated: no end
     examples = load_task(args.task, n=n, seed=args.seed, split=None, on_error="skip" if args.skip_bad_lines else
                          "raise", fmt=RowFormat.parse(ask["prompt_column"], ask["column_map"]))
-    judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens)
+    judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
     model, tok = load_model(args.model, args.trust_remote_code)
     sampler, stops = Sampler(model), stop_ids(tok, model)
@@ -130,7 +130,8 @@ def _trained_with(model: str) -> dict:
 
     saved = Path(model) / "train_config.yaml"
     mine = config_mod.load_file(saved) if saved.is_file() else {}
-    fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards")
+    fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
+              "reward_timeout")
     return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
             list(mine.get("rewards") or ["correctness"]) for k in fields}
 

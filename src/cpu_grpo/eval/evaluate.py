@@ -36,13 +36,15 @@ class Judge:
 
     fn: Callable | None = None
     everywhere: bool = False
+    time_limit: float = 0.0  # seconds a call of fn may take (the run's reward_timeout; 0: none)
 
     @classmethod
-    def of(cls, rewards: list[str], correct_reward: str = "", max_new_tokens: int = 256) -> Judge:
+    def of(cls, rewards: list[str], correct_reward: str = "", max_new_tokens: int = 256,
+           time_limit: float = 0.0) -> Judge:
         """The config's correct_reward when set (for every row), else its first reward (for rows of your own)."""
         from ..data.rewards import load_reward
 
-        return cls(load_reward(correct_reward or rewards[0], max_new_tokens), bool(correct_reward))
+        return cls(load_reward(correct_reward or rewards[0], max_new_tokens), bool(correct_reward), time_limit)
 
     def by_reward(self, ex: tasks.Example) -> bool:
         return self.everywhere or not ex.math
@@ -59,7 +61,8 @@ class Judge:
                             "code), or train with rewards that start with it")
         part = [examples[i] for i in mine]
         columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine]}
-        values = rewards.call_reward(self.fn, [texts[i] for i in mine], columns, [ex.id for ex in part], log)
+        values = rewards.call_reward(self.fn, [texts[i] for i in mine], columns, [ex.id for ex in part], log,
+                                     self.time_limit)
         out: list[bool | None] = [None] * len(examples)
         for i, v in zip(mine, values, strict=True):
             out[i] = v == 1.0

@@ -33,7 +33,7 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
     done: dict[str, list[dict]] = {}
     for limit, group in by_limit.items():
         mine = [ex for s in group for ex in s.examples][r.world.rank::r.world.size]
-        judge = evaluate.Judge.of(r.cfg.rewards, r.cfg.correct_reward, limit)
+        judge = evaluate.Judge.of(r.cfg.rewards, r.cfg.correct_reward, limit, r.cfg.reward_timeout)
         records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction,
                                                        r.sampling(greedy=True, max_new_tokens=limit), log=log or r.log,
                                                        system=r.cfg.system_prompt, judge=judge))
