@@ -57,3 +57,16 @@ def test_plan_command(tiny_model, capsys):
     assert "a step" in out and "peak memory" in out and "GFLOP/s" in out
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--budget", "1e-9s"]) == 1
     assert "nothing tried fits" in capsys.readouterr().out
+
+
+def test_fit_budget_forecasts_what_its_flags_would_run(tiny_model):
+    """Under a profile whose stages set their own max_new_tokens and prompts_per_step, a suggestion's forecast is
+    the forecast of the run those flags give (a field given wins in every stage), not of the profile's stages."""
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    base = {"model": tiny_model, "eval_size": 0}
+    cfg = config.build("default", None, base)
+    fits = fit_budget(cfg, shapes, MACHINE, 1e9, None)
+    assert len(fits) == 96
+    for changes, p in fits[:: 7]:
+        run = config.build("default", None, {**base, **changes})
+        assert predict(run, shapes, MACHINE).wall_s == pytest.approx(p.wall_s)

@@ -253,10 +253,13 @@ def fit_budget(cfg: TrainConfig, shapes: Shapes, machine: Machine, seconds: floa
     """Settings that fit a wall-time and/or memory budget: the candidates nearest the config first."""
     import itertools
 
+    from ..config.stages import under_your_fields
+
     out = []
     for b, g, t, lora in itertools.product((2, 4, 8, 16), (4, 8, 16), (96, 128, 256, 512), (False, True)):
         changes = {"prompts_per_step": b, "num_generations": g, "max_new_tokens": t, "use_lora": lora}
-        trial = TrainConfig(**{**cfg.to_dict(), **changes})
+        # as the flags it suggests would run: given, they win over a profile stage's own values
+        trial = TrainConfig(**{**cfg.to_dict(), **changes, "stages": under_your_fields(cfg.stages, changes)})
         p = predict(trial, shapes, machine)
         if (seconds is None or p.wall_s <= seconds) and (memory_gb is None or p.peak_gb <= memory_gb):
             distance = sum(abs(getattr(trial, k) - getattr(cfg, k)) / max(1, getattr(cfg, k))
