@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cpu_grpo.app import runs, views
+from cpu_grpo.app import runs, starting, views
 from cpu_grpo.app.policy import Policy
 
 
@@ -94,12 +95,13 @@ def test_existing_run_needs_resume_and_a_checkpoint(tmp_path):
     assert runs.checkpoints(run) == [run / "checkpoints" / "step-000001"]
 
 
-def test_start_refuses_a_second_start_and_stop_sends_sigterm(tmp_path):
+def test_start_says_started_only_for_a_process_that_took_the_run_and_stop_sends_sigterm(tmp_path):
     run = tmp_path / "r"
-    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
-    pid, message = runs.start(cmd, run)
-    assert pid and "Started r" in message
-    again, refusal = runs.start(cmd, run)  # its lock is not written yet: the app knows its own child
+    takes = [sys.executable, "-c", "import json, os, sys, time; open(sys.argv[1], 'w').write(json.dumps({'pid': "
+             "os.getpid()})); time.sleep(60)", str(run / "run.lock")]  # takes the lock, as `cpu-grpo train` does
+    pid, message = runs.start(takes, run)
+    assert pid and "Started r" in message and runs.rundir.lock_holder(run) == pid
+    again, refusal = runs.start(takes, run)
     assert again is None and "is busy" in refusal
     assert "Stop sent" in runs.stop(run)
     deadline = time.time() + 10
@@ -107,7 +109,101 @@ def test_start_refuses_a_second_start_and_stop_sends_sigterm(tmp_path):
         time.sleep(0.05)
     assert runs.running_pid(run) is None and not runs.pid_alive(pid)  # reaped, not a zombie
     assert "nothing to stop" in runs.stop(run)
-    assert "import time" in (run / "console.log").read_text()
+    assert "import json" in (run / "console.log").read_text()
+    # a process that has not taken the lock within the wait: not "Started"; the app knows its own child
+    slow = tmp_path / "slow"
+    pid, message = runs.start([sys.executable, "-c", "import time; time.sleep(60)"], slow, wait=0.3)
+    assert pid and "Started" not in message and "has not taken the run after 0 s" in message
+    again, refusal = runs.start([sys.executable, "-c", "pass"], slow)
+    assert again is None and "is busy" in refusal
+    assert "Stop sent" in runs.stop(slow)
+    # a process that ends at once: its sentence, from its log
+    bad = [sys.executable, "-c", "import sys; print('loading'); sys.exit('cpu-grpo: no model there: check the path')"]
+    assert runs.start(bad, tmp_path / "bad") == (None, "the training process ended at once (exit code 1): no model "
+                                                       "there: check the path")
+    assert not (tmp_path / starting.GUARD).read_text()  # the starts' own lock file, empty
+
+
+TINY = {"prompts_per_step": 2, "num_generations": 2, "max_new_tokens": 8, "eval_size": 0, "save_every": 0}
+OTHER_PAGE = """import json, sys
+from pathlib import Path
+from cpu_grpo.app import handlers
+from cpu_grpo.app.policy import Policy
+root, model, names, values = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+print(json.dumps(handlers.start(Policy(Path(root), (Path(model),)), names, *values)[1]))
+"""
+
+
+def page(model: str, run_name: str, config_file: str = "", **knobs) -> tuple[list[str], list]:
+    """The Train tab's knob names and fields: model, profile, config file, run name, resume, LoRA, more fields,
+    the knobs."""
+    knobs = {**TINY, **knobs}
+    return list(knobs), [model, "quick", config_file, run_name, False, False, "--train-size 20 --threads 1",
+                         *knobs.values()]
+
+
+def test_two_pages_starting_one_run_say_started_once(tmp_path, monkeypatch, tiny_model):
+    """Two pages (this process and another app process, at once) press Start on one run: exactly one says Started,
+    for the process that holds run.lock; the other says why not. A page whose check passed before another process
+    took the lock shows its process's sentence, not Started, and touches nothing of the winner's."""
+    from cpu_grpo.app import handlers
+
+    root, (names, values) = tmp_path / "runs", page(tiny_model, "r", steps=100000)
+    policy, run = Policy(root, (Path(tiny_model),)), root / "r"
+    other = subprocess.Popen([sys.executable, "-c", OTHER_PAGE, str(root), tiny_model, json.dumps(names),
+                              json.dumps(values)], stdout=subprocess.PIPE, text=True)
+    try:
+        mine = handlers.start(policy, names, *values)[1]
+        theirs = json.loads(other.communicate(timeout=300)[0])
+        winner = runs.rundir.lock_holder(run)
+        said = sorted([mine, theirs], key=lambda m: "Started" not in m)
+        assert winner and said[0].startswith(f"Started r (pid {winner})"), said
+        assert "Started" not in said[1] and "r is busy" in said[1], said
+        monkeypatch.setattr(runs, "check_start", lambda run, resume: None)  # checked before the winner's lock
+        resume = [*values[:4], True, *values[5:]]  # the winner has logged steps: only a resume gets to the lock
+        late = handlers.start(policy, names, *resume)[1]
+        assert late.startswith("⚠️ Not started: the training process ended at once (exit code 2): ") and \
+            f"is being trained by process {winner}" in late, late
+        status = runs.read_json(run / "status.json")  # the winner's, as the winner writes it
+        assert runs.rundir.lock_holder(run) == status["pid"] == winner and status["state"] in runs.LIVE_STATES
+    finally:
+        for pid in {runs.rundir.lock_holder(run), (runs.read_json(run / "status.json") or {}).get("pid")} - {None}:
+            if runs.pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)  # a training process this test's pages started
+
+
+def test_the_process_runs_the_configuration_the_page_checked_not_the_file_again(tmp_path, monkeypatch, tiny_model):
+    """The config file is swapped for one with a reward file after the page checked it and before the process
+    starts: the process runs the checked configuration (from a private copy, removed once read), never the file."""
+    from cpu_grpo.app import handlers
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    root.mkdir()
+    (tmp_path / "evil.py").write_text("from pathlib import Path\nPath('EVIL-RAN').write_text('yes')\n"
+                                      "def fn(completions, **kw):\n    return [1.0] * len(completions)\n")
+    (root / "my.yaml").write_text("steps: 1\n")
+    check_start = runs.check_start
+
+    def swapped_after_the_check(run, resume):
+        (root / "my.yaml").write_text("steps: 1\nrewards: [evil.py:fn]\nreward_weights: [1]\n")
+        return check_start(run, resume)
+
+    monkeypatch.setattr(runs, "check_start", swapped_after_the_check)
+    policy, (names, values) = Policy(root, (Path(tiny_model),)), page(tiny_model, "t", "runs/my.yaml")
+    command, message, _ = handlers.start(policy, names, *values)
+    assert "--config runs/my.yaml" in command and message.startswith("Started t"), message
+    run = root / "t"
+    deadline = time.time() + 300
+    while runs.running_pid(run) and time.time() < deadline:
+        time.sleep(0.5)
+    assert runs.status(run)["state"] == "finished", runs.console_tail(run)
+    assert "evil" in (root / "my.yaml").read_text() and not (tmp_path / "EVIL-RAN").exists()
+    saved = runs.saved_config(run)  # what the page checked: the profile's rewards, the file's steps
+    assert saved["rewards"] == ["correctness", "format"] and saved["steps"] == 1
+    log = (run / "console.log").read_text()
+    copy = Path(log.split("--config ", 1)[1].split()[0])
+    assert copy.name == "train_config.yaml" and not copy.parent.exists() and "evil" not in log
 
 
 def test_preview_command_and_config_check():

@@ -154,16 +154,19 @@ def preview(policy: Policy, knob_names: list[str], *values):
     text = runs.preview(cmd) if cmd else ""
     if error:
         return text, f"⚠️ {error}"
-    return text, f"This is the command that Start runs.\n\n```\n{runs.plan_text(cfg)}\n```"
+    return text, (f"This is the command that Start runs: it checks it again and hands the process the configuration "
+                  f"it checked (a config file is not read a second time).\n\n```\n{runs.plan_text(cfg)}\n```")
 
 
 def start(policy: Policy, knob_names: list[str], *values):
     import gradio as gr
 
-    run, cmd, resume, error, _ = _command(policy, knob_names, list(values))
+    run, cmd, resume, error, cfg = _command(policy, knob_names, list(values))
     if error:
         return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
-    pid, message = runs.start(cmd, run, resume)
+    # the process gets the configuration checked here, never the file named in the fields (read again, maybe changed)
+    checked = runs.build_command(run, profile=values[1] or "", config_file=runs.CHECKED, resume=resume)
+    pid, message = runs.start(checked, run, resume, config=cfg)
     if pid is None:
         return runs.preview(cmd), f"⚠️ Not started: {message}", gr.skip()
     return runs.preview(cmd), message, gr.update(choices=run_names(policy.root), value=run.name)

@@ -21,11 +21,13 @@ from pathlib import Path
 from .. import rundir
 from ..rundir import read_json, read_jsonl
 from ..train import checkpoint
+from . import starting
 
 MARKERS = ("metrics.jsonl", "status.json", "run.lock", "train_config.yaml", "console.log")
 LIVE_STATES = ("starting", "evaluating", "training")
 _children: dict[str, subprocess.Popen] = {}  # runs this app started, by resolved path: their exit gets reaped
-_start_lock = threading.Lock()  # check-then-launch is one step, also for two tabs pressing Start at once
+_start_lock = threading.Lock()  # check, launch, wait for the lock: one step, also for two tabs pressing Start at once
+CHECKED = "{the configuration the page checked}"  # in a start's command: its private copy (starting.private_copy)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,24 +303,44 @@ def child_env() -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def start(cmd: list[str], run: Path, resume: bool = False, env: dict | None = None) -> tuple[int | None, str]:
-    """Launch a training process in its own session, output appended to run/console.log.
+def start(cmd: list[str], run: Path, resume: bool = False, env: dict | None = None, config=None,
+          wait: float = starting.WAIT) -> tuple[int | None, str]:
+    """Launch a training process in its own session, output appended to run/console.log, and wait (at most `wait`
+    seconds) until it holds the run's lock or has ended: "Started" only for a process that took the run.
 
-    Returns (pid, message); pid is None when the start was refused.
+    `config`, the configuration the page checked, reaches the process as a private file in place of CHECKED in
+    `cmd`. Returns (pid, message); pid is None when the start was refused, by the page or by the process itself.
     """
     run = Path(run)
-    with _start_lock:
-        refusal = check_start(run, resume)
+    with _start_lock, starting.one_at_a_time(run.parent, wait + 30) as ours:
+        refusal = check_start(run, resume) if ours else (
+            "another page is starting a run in this runs directory right now: try again in a minute.")
         if refusal:
             return None, refusal
         run.mkdir(parents=True, exist_ok=True)
+        copy = starting.private_copy(config) if config is not None else None
+        cmd = [str(copy) if word == CHECKED and copy else word for word in cmd]
         with open(run / "console.log", "a") as log:
             log.write(f"\n$ {preview(cmd)}   # {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            if copy:
+                log.write("# --config: the configuration the page checked (a private copy, removed once read)\n")
             log.flush()
+            offset = log.tell()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, env={**child_env(), **(env or {})})
         _children[str(run.resolve())] = proc
-    return proc.pid, f"Started {run.name} (pid {proc.pid}): follow it in the Watch tab."
+        outcome = starting.taken(proc, run, wait)
+        starting.forget(copy, proc, run, outcome)
+        if outcome == "ended" and proc.returncode:
+            _children.pop(str(run.resolve()), None)  # reaped: nothing of this run's is ours
+    if outcome == "lock":
+        return proc.pid, f"Started {run.name} (pid {proc.pid}): follow it in the Watch tab."
+    if outcome == "waiting":
+        return proc.pid, (f"{run.name}: its training process (pid {proc.pid}) has not taken the run after "
+                          f"{wait:.0f} s (a busy machine?): the Watch tab says whether it starts.")
+    if proc.returncode == 0:
+        return proc.pid, f"{run.name} ran and has already finished (pid {proc.pid}): see the Watch tab."
+    return None, starting.last_words(run / "console.log", offset, proc.returncode)
 
 
 def stop(run: Path) -> str:
