@@ -1,6 +1,6 @@
 """Q4_K and Q6_K blocks in numpy, which the `gguf` package (0.19) can read (gguf.quants.dequantize) but not write.
 
-Block layouts as ggml's block_q4_K and block_q6_K (256 values a block; tests/test_export.py reads them back with
+Block layouts as ggml's block_q4_K and block_q6_K (256 values a block; tests/export/test_export.py reads them back with
 gguf's own dequantize). The scales are found the simple way, not by llama.cpp's search (make_qkx2_quants): each
 sub-block's range (Q4_K: min and max, 16 levels; Q6_K: largest magnitude, 64 levels) becomes its scale, the scales
 are quantized against the block's largest, and the values are rounded with the quantized scales. The error is a

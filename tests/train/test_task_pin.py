@@ -41,7 +41,7 @@ def test_step_one_of_gsm8k_and_a_level_is_as_before(tmp_path, monkeypatch):
     assert got == json.loads(REFERENCE.read_text())
 
 
-if __name__ == "__main__":  # python tests/test_task_pin.py OUT_DIR: write the reference
+if __name__ == "__main__":  # python tests/train/test_task_pin.py OUT_DIR: write the reference
     import sys
 
     REFERENCE.write_text(json.dumps(step_one(Path(sys.argv[1])), indent=1) + "\n")

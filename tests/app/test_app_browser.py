@@ -26,7 +26,7 @@ from cpu_grpo.app import runs
 from cpu_grpo.train import checkpoint
 
 CHROMIUM = "/usr/bin/chromium"
-SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 REWARD = '''
 def length_reward(completions, **kwargs):
     """A reward with variance inside every group, so a random model gets a gradient."""

@@ -16,7 +16,7 @@ from cpu_grpo.data.loaders import RowFormat, load_task
 from cpu_grpo.data.tasks import TaskError
 from cpu_grpo.errors import RewardError, UserError
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ROWS = [{"prompt": f"Say the word number {i}.", "solution": f"w{i}", "level": "easy" if i % 2 else "hard"}
         for i in range(40)]
 

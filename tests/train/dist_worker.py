@@ -1,4 +1,4 @@
-"""One rank of the data-parallel tests (tests/test_distributed.py), started by torchrun, or alone as one process.
+"""One rank of the data-parallel tests (tests/train/test_distributed.py), started by torchrun, or alone as one process.
 
     dist_worker.py grads MODEL OUT    the update's gradient on fixed completions, for each loss type
     dist_worker.py train OUT JSON     train.loop.train() with these config fields; then this rank's weights' digest

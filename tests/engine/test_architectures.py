@@ -313,7 +313,7 @@ def test_doctor_names_the_fast_path():
 @pytest.mark.parametrize("name", ["qwen3", "gemma3_text", "smollm3", "phi3_sliding"])
 def test_activation_estimate_tracks_each_architecture(name):
     """batching.activation_bytes (micro-batch sizing, the planner's peak) against what the training forward keeps,
-    as tests/test_batching.py checks it for llama: q/k norms, Gemma's extra norms and GELU counted."""
+    as tests/engine/test_batching.py checks it for llama: q/k norms, Gemma's extra norms and GELU counted."""
     from test_batching import kept_bytes
 
     from cpu_grpo.engine.batching import activation_bytes
