@@ -51,8 +51,12 @@ def cmd_train(args) -> int:
 
 
 def _torchrun(nproc: int, argv: list[str]) -> int:
-    """`torchrun --standalone --nproc-per-node N -m cpu_grpo <the same command without --nproc>`."""
-    import subprocess
+    """`torchrun --standalone --nproc-per-node N -m cpu_grpo <the same command without --nproc>`, run in this process
+    so that a rank's failure ends in one line under the ranks' own sentences, not in torchrun's traceback."""
+    import logging
+
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     rest, i = [], 0
     while i < len(argv):
@@ -62,9 +66,16 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
         if not argv[i].startswith("--nproc="):
             rest.append(argv[i])
         i += 1
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m",
-           "cpu_grpo", *rest]
-    return subprocess.call(cmd)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its report of a failed rank
+    try:
+        run.run(run.parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "cpu_grpo", *rest]))
+    except ChildFailedError as e:
+        failed = ", ".join(f"rank {rank} ({f.signal_name() if f.exitcode < 0 else f'exit code {f.exitcode}'})"
+                           for rank, f in sorted(e.failures.items()))
+        print(f"cpu-grpo: the run stopped ({failed}): the lines above say why; `--resume` continues from its last "
+              "checkpoint.", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_eval(args) -> int:

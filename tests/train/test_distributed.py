@@ -173,3 +173,19 @@ def test_bad_input_on_one_rank_is_one_sentence_naming_it(tiny_model, tmp_path):
     p = torchrun("train", str(out), fields(tiny_model, out, reward, eval_size=0), timeout=120)
     assert p.returncode != 0
     assert "rank 1" in p.stderr and "cannot read its data file" in p.stderr, p.stderr[-3000:]
+
+
+def test_a_failed_rank_under_train_nproc_ends_in_one_line_not_torchruns_traceback(tiny_model, tmp_path):
+    reward = tmp_path / "flaky.py"
+    reward.write_text(FAILING_ON_RANK_1)
+    cmd = [sys.executable, "-m", "cpu_grpo", "train", "--nproc", "2", "--profile", "quick", "--model", tiny_model,
+           "--output-dir", str(tmp_path / "run"), "--steps", "2", "--prompts-per-step", "4", "--num-generations", "4",
+           "--max-new-tokens", "12", "--eval-size", "0", "--train-size", "50", "--rewards",
+           f"{reward}:length_reward", "--reward-weights", "1", "--score-truncated", "true"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 2
+    assert "cannot read its data file" in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("cpu-grpo: the run stopped (rank 0 (exit code 2), rank 1 (exit code 2))"), last
+    assert "--resume" in last
