@@ -2,7 +2,8 @@
 
     python experiments/curriculum_ablation.py --out runs/ablation            # train the runs, then the tables
     python experiments/curriculum_ablation.py --out runs/ablation --tables   # tables only, from finished runs
-    python experiments/curriculum_ablation.py --out runs/after-demo --from runs/demo-final/checkpoints/step-000030
+    python experiments/curriculum_ablation.py --out runs/after-demo \
+        --from runs/demo-engine-bf16-head-seed0/checkpoints/step-000030
     python experiments/curriculum_ablation.py --out runs/forgetting --forgetting --seed 0
 
 Budget: 30 steps of 8 prompts x 8 samples, 100 held-out problems per level, seed 0 (the defaults otherwise).

@@ -1,7 +1,7 @@
 """Several runs of one recipe (seeds), side by side: every run, then the mean, min and max of each level's change.
 
-    python experiments/seeds.py runs/demo-s6-seed0 runs/demo-s6-seed1 runs/demo-s6-seed2 \
-        --plot results/demo-s6-seeds.png
+    python experiments/seeds.py runs/demo-reward-hack-fix-seed0 runs/demo-reward-hack-fix-seed1 \
+        runs/demo-reward-hack-fix-seed2 --plot results/demo-reward-hack-fix-seeds.png
 
 Reads each run's summary.json (written by `cpu-grpo train`): one markdown row per run and level with before,
 after, the paired change (bootstrap 95% CI, McNemar p), the wall time, seed and commit; then one row per level

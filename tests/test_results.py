@@ -1,7 +1,8 @@
 """README's results table, recomputed from the cards' per-problem files in results/ (no model, no network).
 
 For each profile, seed and level: the before and after accuracy on the same problems (paired by id) and the
-paired change; then the mean, min and max over seeds, rounded as README prints them.
+paired change; then the mean, min and max over seeds, rounded as README prints them. And every relative link into
+results/ from README.md, docs/, results/LOG.md and the cards resolves.
 """
 
 import gzip
@@ -13,7 +14,7 @@ from cpu_grpo.eval import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 R = ROOT / "results"
-DEFAULT = ["default-s28-seed0", "default-s27-seed1", "default-s33-seed2"]  # seeds 0, 1, 2
+DEFAULT = ["default-seed0", "default-seed1", "default-seed2"]  # seeds 0, 1, 2
 
 
 def load(path: Path, renumber_from: int = 0) -> dict[str, bool]:
@@ -36,14 +37,14 @@ def gsm8k_1319(first_500: Path, rest: Path | None) -> dict:
 
 def pairs() -> dict[tuple[str, str], list[tuple[dict, dict]]]:
     """(profile, level) -> one (before, after) pair of id -> (level, correct) maps per seed."""
-    demo = [(load(R / f"demo-s30/seed{s}/eval_before.jsonl.gz"), load(R / f"demo-s30/seed{s}/eval_after.jsonl.gz"))
+    demo = [(load(R / f"demo-seeds/seed{s}/eval_before.jsonl.gz"), load(R / f"demo-seeds/seed{s}/eval_after.jsonl.gz"))
             for s in range(3)]
     default = [(load(R / run / "eval_before.jsonl.gz"), load(R / run / "eval_after.jsonl.gz")) for run in DEFAULT]
-    full = R / "default-s29-gsm8k-full"
-    base = gsm8k_1319(R / "default-s27-gsm8k/base.jsonl.gz", full / "base.jsonl.gz")
-    gsm8k = [(base, gsm8k_1319(R / "default-s28-gsm8k/seed0.jsonl.gz", full / "seed0.jsonl.gz")),
-             (base, gsm8k_1319(R / "default-s27-gsm8k/seed1.jsonl.gz", full / "seed1.jsonl.gz")),
-             (base, load(R / "default-s33-seed2/gsm8k-1319.jsonl.gz"))]
+    full = R / "default-gsm8k-full"
+    base = gsm8k_1319(R / "default-gsm8k-first500-seed1/base.jsonl.gz", full / "base.jsonl.gz")
+    gsm8k = [(base, gsm8k_1319(R / "default-gsm8k-first500-seed0/seed0.jsonl.gz", full / "seed0.jsonl.gz")),
+             (base, gsm8k_1319(R / "default-gsm8k-first500-seed1/seed1.jsonl.gz", full / "seed1.jsonl.gz")),
+             (base, load(R / "default-seed2/gsm8k-1319.jsonl.gz"))]
     out = {("demo", "basic"): demo, ("default", "gsm8k"): gsm8k}
     for level in ("basic", "intermediate", "advanced"):
         out[("default", level)] = default
@@ -90,3 +91,12 @@ def test_readme_results_table_recomputes_from_the_cards():
     assert set(printed) == set(computed)
     for key, cells in computed.items():
         assert printed[key] == cells, f"{key}: README prints {printed[key]}, the cards give {cells}"
+
+
+def test_links_into_results_resolve():
+    link = re.compile(r"\[[^\]]*\]\(([^)\s#]+)[^)]*\)")  # [text](path#anchor): the path
+    docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), R / "LOG.md", *R.rglob("README.md")]
+    broken = [f"{doc.relative_to(ROOT)}: {target}" for doc in docs for target in link.findall(doc.read_text())
+              if not re.match(r"[a-z]+:", target) and (doc.parent / target).resolve().is_relative_to(R)
+              and not (doc.parent / target).exists()]
+    assert not broken, broken
