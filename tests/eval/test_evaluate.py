@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from cpu_grpo.data.tasks import Example
 from cpu_grpo.engine.rollout import Sampling
 from cpu_grpo.eval import evaluate
@@ -141,3 +143,31 @@ def test_eval_of_a_checkpoint_whose_weights_are_cut_short_is_one_sentence(tiny_m
     assert err.startswith(f"cpu-grpo: {weights} is damaged (cut short: {size // 2:,} of its {size:,} bytes): copy it "
                           "again, or point --model at another model or checkpoint"), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_real_eval_keeps_its_batches_and_the_same_command_finishes(tiny_model, tmp_path):
+    """A real `cpu-grpo eval --output` process sent SIGTERM once its first batch is written: it finishes the batch
+    at hand, keeps every record whole, and exits; the same command again evaluates only what the file lacks."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "e.jsonl"
+    cmd = [sys.executable, "-m", "cpu_grpo", "eval", "--model", tiny_model, "--task", "basic", "--n", "450",
+           "--max-new-tokens", "16", "--output", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out.is_file() and out.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=240)
+    kept = read_jsonl(out)
+    assert "Traceback" not in stderr and len(kept) in (150, 300), (len(kept), stderr[-2000:])  # 3 batches of 150
+    assert out.read_text().endswith("\n")  # no half-written record
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ids = [r["id"] for r in read_jsonl(out)]
+    assert len(ids) == 450 == len(set(ids)) and ids[:len(kept)] == [r["id"] for r in kept]

@@ -235,7 +235,7 @@ def test_long_chains_without_a_result_do_not_backtrack_exponentially():
 
 
 def test_latex_fractions_are_work():
-    # the 0.5B model writes its division as \frac (eval_after of results/default-s28-seed0)
+    # the 0.5B model writes its division as \frac (eval_after of results/default-seed0)
     text = "1. The total:\n   \\[\n   25 + 200 = 225\n   \\]\n2. Each friend:\n   \\[\n   \\frac{225}{9} = 25\n   \\]\n"
     assert [(c.expr, c.result) for c in computations(text)] == [("25 + 200", "225"), ("225/9", "25")]
     assert reasoning_quality(text) and calc_correct_frac(text) == 1.0
