@@ -15,13 +15,14 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
-EVAL_FIELDS = ("id", "difficulty", "template", "answer", "pred", "correct", "finished", "correct_strict", "strict_correct",
-               "correct_flexible", "correct_math_verify", "lm_eval_strict", "lm_eval_flexible", "calc_steps",
-               "calc_correct_frac", "reasoning_quality", "consistent", "max_new_tokens")
+EVAL_FIELDS = ("id", "difficulty", "template", "answer", "pred", "correct", "finished", "correct_strict",
+               "strict_correct", "correct_flexible", "correct_math_verify", "lm_eval_strict", "lm_eval_flexible",
+               "calc_steps", "calc_correct_frac", "reasoning_quality", "consistent", "max_new_tokens")
 DROPPED = ("groups.jsonl", "console.log")
 SMALL = 32_000  # bytes: a larger text file that is not an evaluation is left out
 N_SAMPLES = 20
@@ -41,6 +42,8 @@ def is_eval(path: Path) -> bool:
 
 def keep(rel: Path, path: Path, plots: list[str]) -> bool:
     if rel.name in DROPPED or (rel.name.startswith("console") and rel.suffix == ".log"):
+        return False
+    if rel.parts[0] == "checkpoints":  # weights and their tokenizer files: listed with their sha256, not kept
         return False
     if rel.parent.name == "plots":
         return rel.name in plots
@@ -105,9 +108,10 @@ def make_card(run: Path, card: Path, raw_at: str, raw_prefix: str, plots: list[s
 
 def write_readme(card: Path, removed: list[tuple[str, str]], raw_at: str, raw_prefix: str) -> None:
     readme = card / "README.md"
+    log = Path(os.path.relpath(Path("results/LOG.md").resolve(), card.resolve())).as_posix()
     text = readme.read_text() if readme.exists() else (
         f"# {card.name}\n\nThe run's numbers: `report.md` and `summary.json`; what it was for: "
-        "[results/LOG.md](../LOG.md).\n")
+        f"[results/LOG.md]({log}).\n")
     text, _, old = text.partition("\n## Raw files\n")
     text = text.rstrip() + "\n"
     listed = re.findall(r"^\| `([^`]+)` \| `([0-9a-f]{64})` \|$", old, flags=re.M)  # a card made again keeps its list

@@ -75,9 +75,9 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     the attention output (2 q), gate, up and their product (6 I); per completion row and layer, the prompt's
     keys and values repeated for the row and the attention probabilities; per completion token, the final norm
     and the lm_head's input (10 H); the lm_head's softmax if it fits in 256 MB; qwen3's and gemma3's q/k norms
-    and Gemma's extra norms and GELU (measured on small models of each, tests/engine/test_architectures.py). It reads 3-8%
-    above the allocations measured on small models (tests/engine/test_batching.py) and on real shapes
-    (bench/dev/activation_bytes.py).
+    and Gemma's extra norms and GELU (measured on small models of each, tests/engine/test_architectures.py). It
+    reads 3-8% above the allocations measured on small models (tests/engine/test_batching.py) and on real shapes
+    (bench/dev/activation_bytes.py, removed; at commit 289024d).
     Models off the llama fast path, and training without autocast, keep more.
     """
     n = dims(cfg)
