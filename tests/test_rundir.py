@@ -41,3 +41,33 @@ def test_code_version_names_a_commit_or_the_version():
         dirty = subprocess.run(["git", "-C", str(Path(rundir.__file__).parent), "status", "--porcelain",
                                 "--untracked-files=no", "."], capture_output=True, text=True).stdout.strip()
         assert v == head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+RACER = """
+import sys, time
+from pathlib import Path
+from cpu_grpo.rundir import RunLock, RunLocked
+run, go = Path(sys.argv[1]), float(sys.argv[2])
+while time.time() < go:
+    pass
+try:
+    with RunLock(run):
+        print("took it", flush=True)
+        time.sleep(3)
+except RunLocked:
+    print("refused", flush=True)
+"""
+
+
+def test_starts_at_the_same_instant_take_the_run_lock_once(tmp_path):
+    """Eight processes ask for one run's lock at the same instant: one takes it, seven are refused (a check, then a
+    write, let several through)."""
+    import sys
+    import time
+
+    go = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), str(go)], stdout=subprocess.PIPE, text=True)
+             for _ in range(8)]
+    said = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert sorted(said) == ["refused"] * 7 + ["took it"], said
+    assert not (tmp_path / "run.lock").exists()  # removed by its holder at the end

@@ -155,22 +155,52 @@ class RunLocked(RunDirError):
 
 
 class RunLock:
-    """run_dir/run.lock holds the training pid: one training process per run directory."""
+    """run_dir/run.lock holds the training pid: one training process per run directory. The check and the write are
+    one step (an flock on the file, held while the process lives), so two starts at the same instant cannot both
+    pass; a file naming another live process refuses a start too."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "run.lock"
+        self.fd = None
 
     def __enter__(self):
+        import fcntl
         import os
         import time
 
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self._refuse(lock_holder(self.path.parent))
+            if self.path.exists() and os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                break
+            os.close(fd)  # the file was replaced while we waited for it (its holder ended): take the new one
         holder = lock_holder(self.path.parent)
         if holder is not None and holder != os.getpid():
-            raise RunLocked(f"{self.path.parent} is being trained by process {holder}: wait for it to finish, "
-                            "stop it, or choose another --output-dir.")
-        self.path.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
+            os.close(fd)
+            self._refuse(holder)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time()}).encode())
+        except OSError:  # a full disk: said by the caller; no lock is left behind
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise
+        self.fd = fd
         return self
 
+    def _refuse(self, holder: int | None):
+        raise RunLocked(f"{self.path.parent} is being trained by process {holder or '(another)'}: wait for it to "
+                        "finish, stop it, or choose another --output-dir.")
+
     def __exit__(self, *exc):
+        import os
+
         self.path.unlink(missing_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         return False
