@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cpu_grpo.data import generated, sandbox
-from cpu_grpo.data.verifiers import code_reward, countdown_reward
+from cpu_grpo.data.verifiers import code_reward, code_tests_reward, countdown_reward
 
 FAST = sandbox.Limits(seconds=3.0, cpu_seconds=3, memory_mb=256)
 
@@ -60,6 +60,23 @@ def test_the_code_task_checks_real_solutions():
     solution = refs["add_k"].format(k=k)
     assert code_reward([f"```python\n{solution}\n```", "```python\ndef add_k(xs):\n    return xs\n```"],
                        tests=[row.columns["tests"]] * 2) == [1.0, 0.0]
+
+
+def test_the_code_tasks_tests_tell_a_solution_from_a_guess():
+    """Every row's five tests: at least 3 distinct expected outputs (a constant passes at most 2) and at most one
+    output equal to its input (returning the input passes at most 1), the partial credit a guess can collect."""
+    import ast
+
+    for ex in generated.generate_task("code", 400, seed=0, split="train"):
+        calls = [ast.parse(line).body[0].value for line in ex.columns["tests"].splitlines()]
+        args = [ast.literal_eval(c.args[0].args[0]) for c in calls]
+        outs = [ast.literal_eval(c.args[1]) for c in calls]
+        assert len(calls) == 5 and len({repr(o) for o in outs}) >= 3, ex.columns["tests"]
+        assert sum(repr(o) == repr(a) for o, a in zip(outs, args, strict=True)) <= 1, ex.columns["tests"]
+    guesses = {"def clamp(xs):\n    return xs": "clamp", "def sequence(n):\n    return 0": "sequence"}
+    for guess, name in guesses.items():
+        row = next(ex for ex in generated.generate_task("code", 400, seed=0, split="test") if ex.template == name)
+        assert code_tests_reward([f"```python\n{guess}\n```"], tests=[row.columns["tests"]]) <= [0.4]
 
 
 def test_countdown_rows_are_solvable_by_their_reference():

@@ -39,23 +39,27 @@ def _countdown(rng: random.Random) -> tuple[str, dict, str, str] | None:
     return COUNTDOWN_PROMPT.format(nums=sorted(nums), target=target), columns, equation[1:-1], f"countdown-{k}"
 
 
-# name, signature, what it does (formatted with the parameters), parameters, reference, an input generator
+# name, signature, what it does (formatted with the parameters), parameters, reference, an input generator (of the
+# parameters too)
 CodeTemplate = tuple[str, str, str, Callable, Callable, Callable]
-_INTS = lambda r: [r.randint(-20, 40) for _ in range(r.randint(0, 7))]  # noqa: E731
-_WORDS = lambda r: " ".join(r.choice(["apple", "sky", "banana", "kiwi", "tree", "a", "river"])  # noqa: E731
+_INTS = lambda r, p: [r.randint(-20, 40) for _ in range(r.randint(0, 7))]  # noqa: E731
+_INTS_AND_MULTIPLES = lambda r, p: _INTS(r, p) + [p["k"] * r.randint(-3, 3) for _ in range(r.randint(0, 2))]  # noqa: E731
+_INTS_AND_OUTSIDE = lambda r, p: _INTS(r, p) + r.sample(  # noqa: E731
+    [r.randint(p["lo"] - 20, p["lo"] - 1), r.randint(p["hi"] + 1, p["hi"] + 20)], r.randint(0, 2))
+_WORDS = lambda r, p: " ".join(r.choice(["apple", "sky", "banana", "kiwi", "tree", "a", "river"])  # noqa: E731
                             for _ in range(r.randint(1, 6)))
 CODE_TEMPLATES: list[CodeTemplate] = [
     ("add_k", "add_k(xs)", "returns a new list with {k} added to every element of the list of integers xs",
      lambda r: {"k": r.randint(2, 99)}, lambda p, xs: [x + p["k"] for x in xs], _INTS),
     ("sum_multiples", "sum_multiples(xs)", "returns the sum of the elements of xs that are divisible by {k}",
-     lambda r: {"k": r.randint(2, 30)}, lambda p, xs: sum(x for x in xs if x % p["k"] == 0), _INTS),
+     lambda r: {"k": r.randint(2, 30)}, lambda p, xs: sum(x for x in xs if x % p["k"] == 0), _INTS_AND_MULTIPLES),
     ("count_char", "count_char(s)", "returns how many times the letter '{c}' occurs in the string s",
      lambda r: {"c": r.choice("abeiklnprstwy")}, lambda p, s: s.count(p["c"]), _WORDS),
     ("long_words", "long_words(s)", "returns the number of words in the sentence s that have more than {k} letters",
-     lambda r: {"k": r.randint(1, 7)}, lambda p, s: sum(len(w) > p["k"] for w in s.split()), _WORDS),
+     lambda r: {"k": r.randint(1, 5)}, lambda p, s: sum(len(w) > p["k"] for w in s.split()), _WORDS),
     ("clamp", "clamp(xs)", "returns xs with every element below {lo} replaced by {lo} and every element above {hi} "
      "replaced by {hi}", lambda r: {"lo": r.randint(-20, 9), "hi": r.randint(10, 40)},
-     lambda p, xs: [min(max(x, p["lo"]), p["hi"]) for x in xs], _INTS),
+     lambda p, xs: [min(max(x, p["lo"]), p["hi"]) for x in xs], _INTS_AND_OUTSIDE),
     ("running_total", "running_total(xs)", "returns the list of running sums of xs, each multiplied by {k}",
      lambda r: {"k": r.randint(2, 20)}, lambda p, xs: [p["k"] * sum(xs[:i + 1]) for i in range(len(xs))], _INTS),
     ("repeat_chars", "repeat_chars(s)", "returns the string s with every character repeated {k} times",
@@ -63,7 +67,7 @@ CODE_TEMPLATES: list[CodeTemplate] = [
     ("sequence", "sequence(n)", "returns the n-th term (counting from 0) of the sequence that starts at {a} and in "
      "which every term is {m} times the one before plus {b}",
      lambda r: {"a": r.randint(0, 20), "m": r.randint(2, 4), "b": r.randint(1, 9)},
-     lambda p, n: _term(p, n), lambda r: r.randint(0, 8)),
+     lambda p, n: _term(p, n), lambda r, p: r.randint(0, 8)),
     ("second_largest", "second_largest(xs)", "returns the second largest distinct value in xs, or {d} when xs has "
      "fewer than two distinct values", lambda r: {"d": r.choice([-1, 0, None, -100, 999])},
      lambda p, xs: sorted(set(xs))[-2] if len(set(xs)) > 1 else p["d"], _INTS),
@@ -84,10 +88,23 @@ def _code(rng: random.Random) -> tuple[str, dict, str, str] | None:
     """(prompt, columns, reference function, type): a function to write and 5 assert lines that test it."""
     name, signature, what, params, reference, inputs = rng.choice(CODE_TEMPLATES)
     p = params(rng)
-    cases = [inputs(rng) for _ in range(5)]
+    cases = _telling_cases(rng, p, reference, inputs)
     tests = "\n".join(f"check({name}({arg!r}), {reference(p, arg)!r})" for arg in cases)
     prompt = CODE_PROMPT.format(signature=signature, what=what.format(**p))
     return prompt, {"tests": tests, "entry_point": name}, f"{name} with {p}", name
+
+
+def _telling_cases(rng: random.Random, p: dict, reference: Callable, inputs: Callable, n: int = 5) -> list:
+    """n inputs whose expected outputs tell a solution from a guess: at least 3 distinct outputs (a constant passes
+    at most two tests) and at most one output equal to its input (returning the input passes at most one), so
+    that partial credit pays for the task (cases drawn at random let `clamp` pass with the list unchanged)."""
+    cases = []
+    for _ in range(200):
+        cases = [inputs(rng, p) for _ in range(n)]
+        outs = [repr(reference(p, arg)) for arg in cases]
+        if len(set(outs)) >= 3 and sum(o == repr(arg) for o, arg in zip(outs, cases, strict=True)) <= 1:
+            break
+    return cases
 
 
 GENERATED = {"countdown": _countdown, "code": _code}
