@@ -4,6 +4,7 @@
     .venv/bin/python bench/planner.py --set fit     # the 8 they were fitted on (measured 2026-11-24); ~15 minutes each
     .venv/bin/python bench/planner.py --set fresh   # 3 more, measured after the memory formula's last change
     .venv/bin/python bench/planner.py --set check --only 0 3
+    .venv/bin/python bench/planner.py --set arch    # new architectures (random weights at their real width)
 
 Each configuration trains for --steps steps in its own process (its peak RSS is its own) with every completion
 at the token limit (no stop token) and a pseudo-random reward (no group skipped), which is what the planner
@@ -48,7 +49,35 @@ SETS = {  # (model, LoRA, prompts, samples, new tokens)
         ("qwen2.5-coder-0.5b", True, 1, 8, 256),
         ("smollm2-135m", True, 8, 4, 96),
     ],
+    "arch": [  # architectures added after the constants were fitted: random weights at the real width, fewer layers
+        ("random:qwen3:8", False, 4, 8, 96),
+        ("random:qwen3:8", True, 4, 8, 128),
+        ("random:gemma3_text:6", False, 4, 8, 96),
+    ],
 }
+
+
+def model_path(spec: str) -> str:
+    """An alias or path as it is; "random:ARCH:LAYERS": a random model of ARCH at its real width
+    (bench/architectures.py) with LAYERS layers and the default model's tokenizer, built once in the temp directory."""
+    if not spec.startswith("random:"):
+        return spec
+    _, arch, layers = spec.split(":")
+    where = Path(tempfile.gettempdir()) / "cpu-grpo-bench" / f"{arch}-{layers}"
+    if not (where / "config.json").is_file():
+        import torch
+        from architectures import configs
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from cpu_grpo.engine.models import resolve_model
+
+        tok = AutoTokenizer.from_pretrained(resolve_model("qwen2.5-coder-0.5b", log=lambda *a: None))
+        cfg = configs(int(layers))[arch][1]
+        cfg.eos_token_id, cfg.pad_token_id = tok.eos_token_id, tok.pad_token_id
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(where)
+        tok.save_pretrained(where)
+    return str(where)
 
 
 def varied_reward(completions, **kwargs) -> list[float]:
@@ -57,7 +86,8 @@ def varied_reward(completions, **kwargs) -> list[float]:
 
 def fields(config: tuple, steps: int, out: str) -> dict:
     model, lora, b, g, t = config
-    return dict(model=model, use_lora=lora, prompts_per_step=b, num_generations=g, max_new_tokens=t, steps=steps,
+    return dict(model=model_path(model), use_lora=lora, prompts_per_step=b, num_generations=g, max_new_tokens=t,
+                steps=steps,
                 task="basic", train_size=64, eval_size=0, save_every=0, learning_rate=1e-6, output_dir=out,
                 score_truncated=True,  # every completion is cut at the limit here: score it, or no group trains
                 rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0])
@@ -114,7 +144,8 @@ def main() -> None:
           "| measured | error |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
     for i in todo:
         model, lora, b, g, t = configs[i]
-        p = predict(build(None, None, fields(configs[i], args.steps, "unused")), Shapes.of_model(model), machine)
+        cfg = build(None, None, fields(configs[i], args.steps, "unused"))
+        p = predict(cfg, Shapes.of_model(cfg.model), machine)
         m = measured[i]
         print(f"| {model} | {'LoRA' if lora else 'full'} | {b}x{g}x{t} | {p.step_s:.1f} ({p.rollout_s:.1f} + "
               f"{p.update_s:.1f}) | {m['step']:.1f} ({m['rollout']:.1f} + {m['update']:.1f}) | "
