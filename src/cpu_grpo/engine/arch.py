@@ -98,7 +98,7 @@ def supports(model) -> bool:
 
 # the generic path against the fast one (bench/architectures.py; bench/README.md, "Architectures on the fast
 # path"): rollout tokens/s and update seconds, the median over its five architectures (2 layers at real width)
-GENERIC_SLOWDOWN = {"rollout": 17.8, "update": 1.3, "measured": "bench/architectures.py, 2026-11-27, a shared CPU"}
+GENERIC_SLOWDOWN = {"rollout": 7.1, "update": 1.19, "measured": "bench/architectures.py, 2026-11-27, alone"}
 
 
 def generic_path_note(cfg) -> str | None:
