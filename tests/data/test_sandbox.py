@@ -63,7 +63,7 @@ def test_the_code_task_checks_real_solutions():
 
 
 def test_the_code_tasks_tests_tell_a_solution_from_a_guess():
-    """Every row's five tests: at least 3 distinct expected outputs (a constant passes at most 2) and at most one
+    """Every row's five tests: no expected output more than twice (a constant passes at most 2) and at most one
     output equal to its input (returning the input passes at most 1), the partial credit a guess can collect."""
     import ast
 
@@ -71,7 +71,7 @@ def test_the_code_tasks_tests_tell_a_solution_from_a_guess():
         calls = [ast.parse(line).body[0].value for line in ex.columns["tests"].splitlines()]
         args = [ast.literal_eval(c.args[0].args[0]) for c in calls]
         outs = [ast.literal_eval(c.args[1]) for c in calls]
-        assert len(calls) == 5 and len({repr(o) for o in outs}) >= 3, ex.columns["tests"]
+        assert len(calls) == 5 and max([repr(o) for o in outs].count(repr(o)) for o in outs) <= 2, ex.columns["tests"]
         assert sum(repr(o) == repr(a) for o, a in zip(outs, args, strict=True)) <= 1, ex.columns["tests"]
     guesses = {"def clamp(xs):\n    return xs": "clamp", "def sequence(n):\n    return 0": "sequence"}
     for guess, name in guesses.items():

@@ -575,6 +575,22 @@ def test_a_read_only_checkpoint_directory_is_one_sentence(tiny_model, tmp_path, 
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_a_read_only_run_directory_is_one_sentence(tiny_model, tmp_path, reward_file, read_only, capsys):
+    """The whole run directory read-only (a real read-only mount) at --resume: the lock cannot be written; one
+    sentence naming the directory, the file and the way on, no traceback, nothing of the run changed."""
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=1, save_every=1), log=lambda *a: None)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    writable_again = read_only(out)
+    assert main(["train", "--output-dir", str(out), "--resume", "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"cpu-grpo: {out} cannot be written (Read-only file system) while writing run.lock: make it writable " \
+           "and continue with --resume (from step-000001)" in err, err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("cpu-grpo:")]) == 1, err
+    writable_again()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_resume_passes_over_a_checkpoint_with_a_tensor_of_another_shape(tiny_model, tmp_path, reward_file, capsys):
     """A model.safetensors edited by hand (one tensor cut to another shape): resume names the tensor and both
     shapes in one warning and goes on from the older checkpoint; loaded into the model anyway, one sentence."""

@@ -95,14 +95,14 @@ def _code(rng: random.Random) -> tuple[str, dict, str, str] | None:
 
 
 def _telling_cases(rng: random.Random, p: dict, reference: Callable, inputs: Callable, n: int = 5) -> list:
-    """n inputs whose expected outputs tell a solution from a guess: at least 3 distinct outputs (a constant passes
-    at most two tests) and at most one output equal to its input (returning the input passes at most one), so
-    that partial credit pays for the task (cases drawn at random let `clamp` pass with the list unchanged)."""
+    """n inputs whose expected outputs tell a solution from a guess: no output more than twice (a constant passes at
+    most two tests) and at most one output equal to its input (returning the input passes at most one), so that
+    partial credit pays for the task (cases drawn at random let `clamp` pass with the list unchanged)."""
     cases = []
     for _ in range(200):
         cases = [inputs(rng, p) for _ in range(n)]
         outs = [repr(reference(p, arg)) for arg in cases]
-        if len(set(outs)) >= 3 and sum(o == repr(arg) for o, arg in zip(outs, cases, strict=True)) <= 1:
+        if max(map(outs.count, outs)) <= 2 and sum(o == repr(arg) for o, arg in zip(outs, cases, strict=True)) <= 1:
             break
     return cases
 

@@ -81,15 +81,22 @@ def _only_its_own_files(run_dir: Path) -> bool:
 
 
 def _plainly(e: BaseException, run_dir: Path | None) -> BaseException:
-    """A full disk wherever the run writes (lock, logs, evaluations, report; checkpoints say it themselves) as
-    one sentence that says how to go on; any other error as it is."""
-    if run_dir is None or isinstance(e, TrainingError) or not disk_full(e):
+    """A full disk, or a directory the run may not write (read-only, no permission), wherever the run writes (lock,
+    logs, evaluations, report; checkpoints say it themselves) as one sentence that says how to go on; any other
+    error as it is."""
+    import errno
+
+    unwritable = getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+    if run_dir is None or isinstance(e, TrainingError) or not (disk_full(e) or unwritable):
         return e
-    free = shutil.disk_usage(run_dir).free / 2**20
     what = Path(e.filename).name if getattr(e, "filename", None) else "the run's files"
-    last = checkpoint.latest(run_dir)
+    last = checkpoint.latest(run_dir) if run_dir.is_dir() else None
     then = f"continue with --resume (from {last.name})" if last else \
         "continue with --resume" if (run_dir / "train_config.yaml").exists() else "run the same command again"
+    if unwritable:
+        return TrainingError(f"{Path(e.filename).parent if getattr(e, 'filename', None) else run_dir} cannot be "
+                             f"written ({e.strerror}) while writing {what}: make it writable and {then}")
+    free = shutil.disk_usage(run_dir).free / 2**20
     return TrainingError(f"the disk holding {run_dir} is full ({free:.0f} MB free) while writing {what}: free "
                          f"some space and {then}")
 
