@@ -99,19 +99,20 @@ def mark_good(run_dir: Path, step: int) -> None:
             raise failure from None
 
 
-_NOT_WRITABLE = {errno.EROFS: "read-only", errno.EACCES: "not writable by this user",
+# errors of a directory this process may not write, as the sentences name them (loop._plainly says them too)
+NOT_WRITABLE = {errno.EROFS: "read-only", errno.EACCES: "not writable by this user",
                  errno.EPERM: "not writable by this user"}
 
 
 def unwritable(e: OSError, run_dir: Path, what: str) -> RunDirError | None:
     """A checkpoint directory that cannot be written (a read-only mount, no permission) as one sentence naming it
     and the way on; None for any other error (a full disk: runstate.save_checkpoint says it)."""
-    if e.errno not in _NOT_WRITABLE:
+    if e.errno not in NOT_WRITABLE:
         return None
     root = Path(run_dir) / "checkpoints"
     where = root if root.is_dir() else Path(run_dir)
     last = latest(run_dir)
-    return RunDirError(f"{where} is {_NOT_WRITABLE[e.errno]} ({os.strerror(e.errno)}): {what}; make it writable "
+    return RunDirError(f"{where} is {NOT_WRITABLE[e.errno]} ({os.strerror(e.errno)}): {what}; make it writable "
                        f"(remount it read-write, or give this user write permission) and continue with --resume "
                        f"(from {last.name if last else 'the start'}); the checkpoints already there are kept")
 

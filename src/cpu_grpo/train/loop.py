@@ -84,9 +84,7 @@ def _plainly(e: BaseException, run_dir: Path | None) -> BaseException:
     """A full disk, or a directory the run may not write (read-only, no permission), wherever the run writes (lock,
     logs, evaluations, report; checkpoints say it themselves) as one sentence that says how to go on; any other
     error as it is."""
-    import errno
-
-    unwritable = getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM)
+    unwritable = getattr(e, "errno", None) in checkpoint.NOT_WRITABLE
     if run_dir is None or isinstance(e, TrainingError) or not (disk_full(e) or unwritable):
         return e
     what = Path(e.filename).name if getattr(e, "filename", None) else "the run's files"
