@@ -46,6 +46,7 @@ def grads(model: str, out: Path) -> None:
         if world.main:
             torch.save({"grads": {n: p.grad.clone() for n, p in r.model.named_parameters()}, "loss": upd.sums["loss"],
                         "groups": upd.groups}, out / f"grads-{loss_type}-{world.size}.pt")
+    distributed.close()  # gloo's threads left to the interpreter's exit abort the process (CI, 2026-11-27)
 
 
 def train(out: Path, fields: dict) -> None:
