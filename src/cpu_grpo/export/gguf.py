@@ -1,9 +1,10 @@
-"""A Hugging Face causal LM (llama, qwen2, mistral shapes) written as one GGUF file, in pure Python.
+"""A Hugging Face causal LM written as one GGUF file, in pure Python: llama (and mistral, written as llama),
+qwen2, qwen3, gemma3_text, smollm3 and phi3, the fast path's architectures (engine/arch.py).
 
-Tensor names, metadata keys and the tokenizer fields follow llama.cpp's convert_hf_to_gguf.py (LlamaModel,
-Qwen2Model): q and k of llama-style models are permuted for llama.cpp's rotary layout; norms and biases stay
-F32; a tied output head is not written (llama.cpp reuses token_embd). Quantizations: bf16, f16, q8_0 and q4_0 by
-the `gguf` package (q4_0 keeps token_embd and output in q8_0, as llama-quantize keeps them above 4 bits), and
+Tensor names, metadata keys and the tokenizer fields follow llama.cpp's convert_hf_to_gguf.py; what differs per
+architecture (permuted q/k, Gemma's norms, fused phi3 tensors, rope scaling) is in gguf_arch.py. Norms and biases
+stay F32; a tied output head is not written (llama.cpp reuses token_embd). Quantizations: bf16, f16, q8_0 and q4_0
+by the `gguf` package (q4_0 keeps token_embd and output in q8_0, as llama-quantize keeps them above 4 bits), and
 q4_k_m with llama-quantize's choice of type per tensor (Q6_K for the output head and for attn_v and ffn_down of
 some layers, Q4_K elsewhere; rows whose length is not a multiple of 256 fall back to Q8_0 and Q5_0 as llama.cpp
 does) and Q4_K/Q6_K blocks from kquants.py, since the package cannot write K-quants.
@@ -16,26 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from . import gguf_arch
+from .gguf_arch import ARCHS, GGUFError, gguf_name, permute_rope  # noqa: F401  (the writer's public names)
 
-# the model types written, as llama.cpp names their architecture: the fast path's first three (engine/arch.py has
-# more since: qwen3, gemma3_text, smollm3, phi3 and rope scaling, which are refused here for now)
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 QUANTS = ("bf16", "f16", "q8_0", "q4_k_m", "q4_0")
 UNAVAILABLE = {k: "the other K-quant mixes are not written here" for k in ("q4_k_s", "q5_k_m", "q5_k_s", "q6_k",
                                                                             "q3_k_m", "q2_k")}
-_PER_LAYER = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-
-
-class GGUFError(UserError):
-    """A model or request the GGUF writer cannot handle; the message names what it can."""
 
 
 def check_request(model_type: str, quant: str) -> None:
@@ -48,25 +35,9 @@ def check_request(model_type: str, quant: str) -> None:
         why = UNAVAILABLE.get(quant, "it is not a quantization this writer knows")
         raise GGUFError(f"cannot write --quant {quant} ({why}): choose one of {', '.join(QUANTS)}, or write bf16 "
                         "and run llama.cpp's llama-quantize on it.")
-
-
-def gguf_name(hf_name: str, n_layers: int) -> str | None:
-    """The GGUF name of a Hugging Face tensor name, or None for tensors llama.cpp does not store."""
-    if hf_name in _GLOBAL:
-        return _GLOBAL[hf_name]
-    parts = hf_name.split(".")
-    if len(parts) < 5 or parts[:2] != ["model", "layers"] or not parts[2].isdigit():
-        return None
-    layer, rest = int(parts[2]), ".".join(parts[3:])
-    for prefix, short in _PER_LAYER.items():
-        if rest.startswith(prefix + ".") and layer < n_layers:
-            return f"blk.{layer}.{short}.{rest[len(prefix) + 1:]}"
-    return None
-
-
-def permute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's LlamaModel.permute: Hugging Face's rotate-half order of q/k rows to GGUF's interleaved one."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    if quant == "q4_k_m" and ARCHS[model_type] == "phi3":
+        raise GGUFError("cannot write --quant q4_k_m of a phi3 model (llama-quantize makes its fused attn_qkv Q5_K, "
+                        "which this writer cannot make): write bf16 and run llama.cpp's llama-quantize on it.")
 
 
 def more_bits(layer: int, n_layers: int) -> bool:
@@ -123,60 +94,32 @@ def file_type(quant: str):
             "q4_k_m": F.MOSTLY_Q4_K_M}[quant]
 
 
-def rope_theta(config) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise GGUFError(f"the model uses rope scaling '{kind}', which this GGUF writer does not write: export "
-                        "--format hf and convert with llama.cpp's convert_hf_to_gguf.py.")
-    return float(params.get("rope_theta") or getattr(config, "rope_theta", 10000.0))
-
-
-def add_hparams(w, config, arch: str, quant: str, name: str) -> None:
-    """The model's shape, as convert_hf_to_gguf writes it for LlamaModel and Qwen2Model."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    w.add_name(name)
-    w.add_type("model")
-    w.add_context_length(config.max_position_embeddings)
-    w.add_embedding_length(config.hidden_size)
-    w.add_block_count(config.num_hidden_layers)
-    w.add_feed_forward_length(config.intermediate_size)
-    w.add_head_count(config.num_attention_heads)
-    w.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
-    w.add_rope_freq_base(rope_theta(config))
-    w.add_layer_norm_rms_eps(config.rms_norm_eps)
-    w.add_file_type(file_type(quant))
-    if arch == "llama":
-        w.add_vocab_size(config.vocab_size)
-        w.add_rope_dimension_count(head_dim)
-    elif head_dim != config.hidden_size // config.num_attention_heads:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    w.add_quantization_version(2)
-
-
-def _pre_tokenizer(model_type: str, tok_json: dict) -> str:
-    """llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre) of the byte-level BPE tokenizers it knows."""
-    if model_type == "qwen2":
-        return "qwen2"
+def _pre_tokenizer(tok_json: dict) -> str:
+    """llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre): the one its get_vocab_base_pre finds by hash for
+    these families, told here by the split the tokenizer makes (a fine-tune keeps it; a hash needs the exact vocab)."""
     text = json.dumps(tok_json.get("pre_tokenizer") or {})
     if '"individual_digits": true' in text:
         return "smollm"  # SmolLM/SmolLM2: digits split one by one, then GPT-2's byte level
+    if "\\\\p{Lu}\\\\p{Lt}" in text:
+        return "gpt-4o"  # o200k's split (Phi-4-mini)
     if "\\\\p{N}{1,3}" in text:
-        return "llama-bpe"  # Llama 3's split
+        return "llama-bpe"  # Llama 3's split (SmolLM3 too)
+    if "\\\\p{L}+|\\\\p{N}|" in text:
+        return "qwen2"  # Qwen2.5's and Qwen3's: digits one by one
     return "gpt2"
 
 
-def add_tokenizer(w, tok, tok_dir: Path, model_type: str, vocab_size: int, template: str | None) -> None:
+def add_tokenizer(w, tok, tok_dir: Path, vocab_size: int, template: str | None) -> None:
     """Vocabulary, token types, merges, special tokens and the chat template (convert_hf_to_gguf's _set_vocab_gpt2)."""
     import gguf
 
     tok_json_path = Path(tok_dir) / "tokenizer.json"
     tok_json = json.loads(tok_json_path.read_text()) if tok_json_path.exists() else {}
-    if (tok_json.get("model") or {}).get("type") != "BPE" or "Metaspace" in json.dumps(tok_json.get("pre_tokenizer")):
+    byte_level = "ByteLevel" in json.dumps(tok_json.get("pre_tokenizer"))
+    if (tok_json.get("model") or {}).get("type") != "BPE" or not byte_level:
         raise GGUFError("the GGUF writer knows byte-level BPE tokenizers (GPT-2 style: SmolLM2, Qwen2.5, Llama 3) and "
-                        "this model has another kind: export --format hf and convert with llama.cpp.")
+                        "this model has another kind (SentencePiece: Gemma 3, Phi-3): export --format hf and convert "
+                        "with llama.cpp.")
     reverse = {i: t for t, i in tok.get_vocab().items()}
     added = {i: a for i, a in tok.added_tokens_decoder.items()}
     tokens, types = [], []
@@ -191,7 +134,7 @@ def add_tokenizer(w, tok, tok_dir: Path, model_type: str, vocab_size: int, templ
             tokens.append(reverse[i])
             types.append(gguf.TokenType.NORMAL)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(_pre_tokenizer(model_type, tok_json))
+    w.add_tokenizer_pre(_pre_tokenizer(tok_json))
     w.add_token_list(tokens)
     w.add_token_types(types)
     special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=len(tokens))
@@ -211,26 +154,22 @@ def _array(t) -> np.ndarray:
 
 
 def add_tensors(w, model, quant: str, log=print) -> dict[str, int]:
-    """Every tensor llama.cpp needs, converted and quantized; returns how many tensors of each GGML type."""
-
+    """Every tensor llama.cpp needs, converted and quantized (rope scaling's extra tensors first, as the converter
+    writes them); returns how many tensors of each GGML type."""
     config = model.config
-    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    arch, n = ARCHS[config.model_type], config.num_hidden_layers
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    counts: dict[str, int] = {}
+    tensors = gguf_arch.extra_tensors(w, config, arch)
     for hf_name, tensor in model.state_dict().items():
-        name = gguf_name(hf_name, config.num_hidden_layers)
-        if name is None or (tied and name == "output.weight"):
-            if name is None and not hf_name.endswith("rotary_emb.inv_freq"):
-                raise GGUFError(f"the GGUF writer does not know the tensor {hf_name}: export --format hf instead.")
-            continue
-        data = _array(tensor)
-        if ARCHS[config.model_type] == "llama" and ".attn_q." in name:
-            data = permute_rope(data, n_head)
-        elif ARCHS[config.model_type] == "llama" and ".attn_k." in name:
-            data = permute_rope(data, n_kv)
-        qtype = tensor_type(name, data, quant, config.num_hidden_layers, tied)
-        out = quantize(data, qtype)
-        w.add_tensor(name, out, raw_dtype=qtype)
+        name = gguf_name(hf_name, n, arch)
+        if name is None and not hf_name.endswith("rotary_emb.inv_freq"):
+            raise GGUFError(f"the GGUF writer does not know the tensor {hf_name}: export --format hf instead.")
+        if name is not None and not (tied and name == "output.weight"):
+            tensors.append((name, gguf_arch.convert(name, _array(tensor), arch, config)))
+    counts: dict[str, int] = {}
+    for name, data in tensors:
+        qtype = tensor_type(name, data, quant, n, tied)
+        w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
     return counts
 
@@ -242,10 +181,12 @@ def write(model, tok, tok_dir: Path, path: Path, quant: str, name: str, template
 
     config = model.config
     check_request(config.model_type, quant)
+    gguf_arch.check(config)
     arch = ARCHS[config.model_type]
     w = gguf.GGUFWriter(str(path), arch)
-    add_hparams(w, config, arch, quant, name)
-    add_tokenizer(w, tok, tok_dir, config.model_type, config.vocab_size, template)
+    gguf_arch.add_hparams(w, config, arch, file_type(quant), name)
+    w.add_quantization_version(2)
+    add_tokenizer(w, tok, tok_dir, config.vocab_size, template)
     counts = add_tensors(w, model, quant, log)
     w.write_header_to_file()
     w.write_kv_data_to_file()

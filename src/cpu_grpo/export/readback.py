@@ -45,7 +45,11 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     """The checks of this export: greedy identity for exact formats, paired held-out accuracy for quantized GGUF,
     and the exported chat template's prompt against the run's (its tokens, for every format)."""
     from ..engine.rollout import stop_ids
+    from .gguf_arch import GGUFError, misread
 
+    if req.format == "gguf" and (why := misread(model.config, out, next(out.glob("*.gguf")).name)):
+        raise GGUFError(f"the GGUF was written but cannot be checked here ({why}; llama.cpp reads the file): export "
+                        "again with --no-verify.")
     written, written_tok, written_template = load_written(req, out, src)
     checks = {"template": {"kind": "template", "carries_instruction": bool(written_template and
                                                                            verify.prompt.MARK in written_template),
