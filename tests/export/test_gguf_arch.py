@@ -250,6 +250,7 @@ def test_pre_tokenizer_names_follow_the_split():
 def test_what_llama_cpp_would_misread_is_refused(tmp_path, tok, tiny_model):
     cases = [("gemma3_text", dict(query_pre_attn_scalar=128), "query_pre_attn_scalar"),
              ("gemma3_text", dict(layer_types=["full_attention"] * 2), "layer_types"),
+             ("gemma3_text", dict(attn_logit_softcapping=50.0), "caps attention logits"),
              ("llama", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=1e4, factor=2.0)), "'dynamic'"),
              ("qwen3", dict(rope_parameters=dict(rope_type="llama3", rope_theta=1e4, factor=8.0, low_freq_factor=1.0,
                                                  high_freq_factor=4.0, original_max_position_embeddings=16)),

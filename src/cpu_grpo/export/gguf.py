@@ -113,8 +113,11 @@ def add_tokenizer(w, tok, tok_dir: Path, vocab_size: int, template: str | None) 
     """Vocabulary, token types, merges, special tokens and the chat template (convert_hf_to_gguf's _set_vocab_gpt2)."""
     import gguf
 
+    # the tokenizer as the run used it (its class may impose a split of its own: Qwen2Tokenizer), else its file
     tok_json_path = Path(tok_dir) / "tokenizer.json"
-    tok_json = json.loads(tok_json_path.read_text()) if tok_json_path.exists() else {}
+    backend = getattr(tok, "backend_tokenizer", None)
+    tok_json = json.loads(backend.to_str()) if backend is not None else \
+        json.loads(tok_json_path.read_text()) if tok_json_path.exists() else {}
     byte_level = "ByteLevel" in json.dumps(tok_json.get("pre_tokenizer"))
     if (tok_json.get("model") or {}).get("type") != "BPE" or not byte_level:
         raise GGUFError("the GGUF writer knows byte-level BPE tokenizers (GPT-2 style: SmolLM2, Qwen2.5, Llama 3) and "
