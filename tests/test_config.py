@@ -112,9 +112,11 @@ def test_default_profile_is_the_curriculum_with_replay():
         ("replay", "basic+intermediate", 3), ("advanced", "intermediate+advanced", 7)]
     assert cfg.total_steps == 19 and cfg.ewc_lambda > 0 and cfg.use_lora and "\\boxed{}" in cfg.instruction
     assert "overlong" in cfg.rewards
-    assert [s.max_new_tokens for s in plan(cfg)] == [0, 0, 0, 0, 320]  # advanced at its own limit, the others the run's
-    assert [s.learning_rate for s in plan(cfg)] == [0, 2e-4, 0, 0, 0]
-    assert [s.prompts_per_step for s in plan(cfg)] == [0, 8, 8, 8, 8]
+    run = cfg.max_new_tokens, cfg.learning_rate, cfg.prompts_per_step  # each stage resolved: its own, else the run's
+    assert [s.max_new_tokens for s in plan(cfg)] == [run[0]] * 4 + [320]  # advanced at its own limit
+    assert [s.learning_rate for s in plan(cfg)] == [run[1], 2e-4, run[1], run[1], run[1]]
+    assert [s.prompts_per_step for s in plan(cfg)] == [run[2], 8, 8, 8, 8]
+    assert [s.eval_max_new_tokens for s in plan(cfg)] == [256, 320, 320, 320, 320]  # as their held-out sets
     # intermediate is trained at 320 tokens in the last stage, so it is held out at 320 too
     assert eval_limits(cfg) == {"basic": 256, "intermediate": 320, "advanced": 320}
 
@@ -153,13 +155,16 @@ def test_gsm8k_profile_trains_on_the_train_file_and_holds_out_the_same_500_test_
 
 def test_a_task_of_your_own_replaces_the_profile_curriculum():
     cfg = build("default", None, {"task": "data.jsonl"})
-    assert plan(cfg) == [Stage("data.jsonl", "data.jsonl", 19)]
+    (stage,) = plan(cfg)
+    assert (stage.name, stage.task, stage.steps, stage.promote_at) == ("data.jsonl", "data.jsonl", 19, 0.0)
     assert len(plan(build("default", None, {"task": "basic", "stages": "basic,advanced"}))) == 2
 
 
 def test_no_stages_is_one_stage_on_task():
     cfg = build(None, None, {"task": "intermediate", "steps": 7})
-    assert plan(cfg) == [Stage("intermediate", "intermediate", 7)] and cfg.total_steps == 7
+    assert plan(cfg) == [Stage("intermediate", "intermediate", 7, 0.0, cfg.learning_rate, cfg.max_new_tokens,
+                               cfg.eval_max_new_tokens, cfg.lr_scheduler, False, cfg.prioritized_sampling,
+                               cfg.dynamic_sampling_keep, cfg.prompts_per_step, True)] and cfg.total_steps == 7
 
 
 def test_stages_from_the_command_line_share_the_steps():
@@ -171,16 +176,22 @@ def test_stages_from_yaml_mappings(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("stages:\n  - {name: warmup, task: basic, steps: 5, promote_at: 0.6}\n"
                  "  - {name: hard, task: advanced, steps: 8, learning_rate: 1e-5, max_new_tokens: 384}\n")
-    warm, hard = plan(build(None, str(f)))
-    assert warm == Stage("warmup", "basic", 5, 0.6) and hard == Stage("hard", "advanced", 8, 0.0, 1e-5, 384)
+    cfg = build(None, str(f))
+    warm, hard = plan(cfg)
+    assert (warm.name, warm.task, warm.steps, warm.promote_at, warm.learning_rate, warm.max_new_tokens) == \
+        ("warmup", "basic", 5, 0.6, cfg.learning_rate, cfg.max_new_tokens)
+    assert (hard.name, hard.task, hard.steps, hard.promote_at, hard.learning_rate, hard.max_new_tokens) == \
+        ("hard", "advanced", 8, 0.0, 1e-5, 384)
+    assert (warm.eval_max_new_tokens, hard.eval_max_new_tokens) == (cfg.eval_max_new_tokens, 384)
     assert build(None, str(f)).total_steps == 13
     f.write_text("stages:\n  - {name: a, steps: 2, prioritized_sampling: true, dynamic_sampling_keep: hardest, "
                  "lr_scheduler: cosine, prompts_per_step: 8}\n  - {name: b, steps: 2}\n")
-    a, b = plan(build(None, str(f)))
-    assert (a.prioritized_sampling, a.dynamic_sampling_keep, a.lr_scheduler, a.prompts_per_step) == \
-        (True, "hardest", "cosine", 8)
-    assert (b.prioritized_sampling, b.dynamic_sampling_keep, b.lr_scheduler, b.prompts_per_step) == \
-        (None, "", "", 0)  # the run's
+    cfg = build(None, str(f))
+    a, b = plan(cfg)
+    assert (a.prioritized_sampling, a.dynamic_sampling_keep, a.lr_scheduler, a.lr_over_stage, a.prompts_per_step) == \
+        (True, "hardest", "cosine", True, 8)
+    assert (b.prioritized_sampling, b.dynamic_sampling_keep, b.lr_scheduler, b.lr_over_stage, b.prompts_per_step) == \
+        (cfg.prioritized_sampling, cfg.dynamic_sampling_keep, cfg.lr_scheduler, False, cfg.prompts_per_step)  # run's
 
 
 @pytest.mark.parametrize("stages, steps, fragment", [
@@ -445,21 +456,22 @@ def test_a_field_you_give_wins_in_every_stage_of_a_profile(monkeypatch, tmp_path
     assert cli.main(["train", "--max-new-tokens", "64", "--prompts-per-step", "2"]) == 0  # the default profile
     cfg = seen[0]
     assert len(plan(cfg)) == 5 and cfg.max_new_tokens == 64 and cfg.prompts_per_step == 2
-    assert [(s.max_new_tokens or cfg.max_new_tokens, s.prompts_per_step or cfg.prompts_per_step)
-            for s in plan(cfg)] == [(64, 2)] * 5
-    assert [s.learning_rate for s in plan(cfg)] == [0, 2e-4, 0, 0, 0]  # a stage's own setting you did not give stays
-    assert [s.prioritized_sampling for s in plan(cfg)] == [None, True, True, True, None]
+    assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(64, 2)] * 5
+    lr = cfg.learning_rate  # a stage's own setting you did not give stays
+    assert [s.learning_rate for s in plan(cfg)] == [lr, 2e-4, lr, lr, lr]
+    off = cfg.prioritized_sampling
+    assert [s.prioritized_sampling for s in plan(cfg)] == [off, True, True, True, off]
     assert eval_limits(cfg)["advanced"] == cfg.eval_max_new_tokens  # no stage trains at 320 now
     assert build("default", None, {"learning_rate": "1e-5"}).stages[1].get("learning_rate") is None
     # the same from a --config file, with --steps scaling the stages as before
     path = tmp_path / "mine.yaml"
     path.write_text("max_new_tokens: 64\nprompts_per_step: 2\nsteps: 10\n")
     cfg = build("default", str(path))
-    assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(0, 0)] * 5 and cfg.total_steps == 10
+    assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(64, 2)] * 5 and cfg.total_steps == 10
+    assert all("max_new_tokens" not in s and "prompts_per_step" not in s for s in cfg.stages)  # yours hold in each
     # a stage of your own keeps its values over the top-level field
     path.write_text("max_new_tokens: 64\nprompts_per_step: 2\nstages:\n  - basic:2\n"
                     "  - {name: advanced, steps: 3, max_new_tokens: 320, prompts_per_step: 8}\n")
     cfg = build("default", str(path), {"max_new_tokens": "48"})
-    assert [(s.max_new_tokens or cfg.max_new_tokens, s.prompts_per_step or cfg.prompts_per_step)
-            for s in plan(cfg)] == [(48, 2), (320, 8)]
+    assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(48, 2), (320, 8)]
     assert PROFILES["default"]["stages"][-1]["max_new_tokens"] == 320  # building does not mutate the profile

@@ -40,9 +40,9 @@ def grads(model: str, out: Path) -> None:
                                             num_generations=g, prompts_per_step=b, max_new_tokens=9, bf16=False,
                                             micro_batch_size=g, eval_size=0, train_size=10))
         torch.manual_seed(0)
-        r, _ = runstate.build_run(cfg, out, None, lambda *a: None, world)
+        r, _, _ = runstate.build_run(cfg, out, None, lambda *a: None, world)
         adv, _ = group_advantages(rewards, g, cfg.scale_rewards)
-        upd = update.update(r, None, rollout, adv)
+        upd = update.update(r, None, rollout, adv, cfg.max_new_tokens)
         if world.main:
             torch.save({"grads": {n: p.grad.clone() for n, p in r.model.named_parameters()}, "loss": upd.sums["loss"],
                         "groups": upd.groups}, out / f"grads-{loss_type}-{world.size}.pt")
@@ -54,9 +54,9 @@ def train(out: Path, fields: dict) -> None:
     build = runstate.build_run
 
     def keep(*args, **kwargs):
-        run, ref = build(*args, **kwargs)
-        runs.append(run)
-        return run, ref
+        built = build(*args, **kwargs)  # (run, reference, progress)
+        runs.append(built[0])
+        return built
 
     train_mod.build_run = keep
     resume = fields.pop("resume", False)

@@ -295,9 +295,9 @@ def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(t
     next step's, as in transformers' Trainer: 1e-3, 1e-3, then 1.5e-3, 1e-3, 5e-4, 0."""
     real = train_mod.grpo_step
 
-    def stop_after_step_4(r, ref, reward_fns, draw, stop):
-        out = real(r, ref, reward_fns, draw, stop)
-        if r.step == 4 and not stop.requested:
+    def stop_after_step_4(r, p, stage, ref, reward_fns, draw, stop):
+        out = real(r, p, stage, ref, reward_fns, draw, stop)
+        if p.step + 1 == 4 and not stop.requested:
             stop(None, None)
         return out
 
@@ -315,7 +315,7 @@ def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(t
 
 
 def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeypatch):
-    monkeypatch.setattr(train_mod, "promoted", lambda r, stage, val: 1.0 if r.stage_step == 2 else None)
+    monkeypatch.setattr(train_mod, "validation_accuracy", lambda r, stage, val, n: 1.0 if n == 2 else None)
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, stages=[{"name": "basic", "steps": 4, "promote_at": 0.5},
                                                           "intermediate:2"], ewc_lambda=0.0, eval_size=0)
@@ -324,6 +324,35 @@ def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeyp
     assert [(m["stage"], m["stage_step"]) for m in metrics] == [
         ("basic", 1), ("basic", 2), ("intermediate", 1), ("intermediate", 2)]
     assert read_jsonl(out / "stages.jsonl")[0]["promoted"] is True
+
+
+def test_a_run_stopped_right_after_a_promotion_resumes_at_the_stage_end(tiny_model, tmp_path, reward_file,
+                                                                        monkeypatch):
+    """The promotion is in the checkpoint's progress (not only in stages.jsonl, written at the stage's end): the
+    resumed run trains no more steps of the promoted stage, ends it as promoted, and goes on with the next."""
+    monkeypatch.setattr(train_mod, "validation_accuracy",
+                        lambda r, stage, val, n: 1.0 if stage.promote_at and n == 2 else None)
+    real = train_mod.grpo_step
+
+    def stop_after_step_2(r, p, stage, ref, reward_fns, draw, stop):
+        out = real(r, p, stage, ref, reward_fns, draw, stop)
+        if p.step + 1 == 2 and not stop.requested:
+            stop(None, None)
+        return out
+
+    out = tmp_path / "run"
+    cfg = stage_cfg(tiny_model, out, reward_file, stages=[{"name": "basic", "steps": 4, "promote_at": 0.5},
+                                                          "intermediate:2"], ewc_lambda=0.0, eval_size=0, save_every=0)
+    monkeypatch.setattr(train_mod, "grpo_step", stop_after_step_2)
+    train(cfg, log=lambda *a: None)
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2] and not (out / "stages.jsonl").exists()
+    assert checkpoint.load_state(checkpoint.latest(out))["progress"]["validation"] == 1.0
+    monkeypatch.setattr(train_mod, "grpo_step", real)
+    train(cfg, resume=True, log=lambda *a: None)
+    assert [(m["stage"], m["stage_step"]) for m in read_jsonl(out / "metrics.jsonl")] == [
+        ("basic", 1), ("basic", 2), ("intermediate", 1), ("intermediate", 2)]
+    assert [(x["stage"], x["promoted"], x["end_step"]) for x in read_jsonl(out / "stages.jsonl")] == [
+        ("basic", True, 2), ("intermediate", False, 4)]
 
 
 def test_validation_is_disjoint_from_the_held_out_set():
@@ -403,8 +432,9 @@ def test_type_priority_counts_samples_and_right_answers_by_type():
     a = data[0]
     b = next(ex for ex in data if ex.template != a.template)
     counts = {a.template: [4, 1]}
-    curriculum.TypePriority.count(counts, [a, b], [1.0, 0.0, float("nan"), 0.5, 0.0, 0.0, 0.0, 0.0])
-    assert counts == {a.template: [8, 3], b.template: [4, 0]}  # NaN (nothing to score) is not right
+    added = curriculum.TypePriority.count(counts, [a, b], [1.0, 0.0, float("nan"), 0.5, 0.0, 0.0, 0.0, 0.0])
+    assert added == {a.template: [8, 3], b.template: [4, 0]}  # NaN (nothing to score) is not right
+    assert counts == {a.template: [4, 1]}  # a new dict: the counts it was given stay
 
 
 NO_BIKE = """
@@ -444,9 +474,9 @@ def test_a_stage_with_its_own_sampling(tiny_model, tmp_path, monkeypatch):
     reward.write_text(NO_BIKE)
     rules, real = [], step_mod.teaching
 
-    def spy(cfg, per_fn, keep="", n=0):
-        rules.append(keep)
-        return real(cfg, per_fn, keep, n)
+    def spy(cfg, stage, per_fn):
+        rules.append(stage.dynamic_sampling_keep)
+        return real(cfg, stage, per_fn)
 
     monkeypatch.setattr(step_mod, "teaching", spy)
     out = tmp_path / "run"
@@ -458,4 +488,4 @@ def test_a_stage_with_its_own_sampling(tiny_model, tmp_path, monkeypatch):
     first, second = read_jsonl(out / "stages.jsonl")
     assert sum(n for n, _ in first["type_counts"].values()) == 4 * 3 * 4  # 3 steps of 4 groups of 4 samples
     assert "type_counts" not in second
-    assert rules == ["hardest"] * 3 + [""] * 3
+    assert rules == ["hardest"] * 3 + ["first"] * 3

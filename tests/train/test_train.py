@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from cpu_grpo import config
 from cpu_grpo.cli import main
-from cpu_grpo.config import ConfigError
+from cpu_grpo.config import ConfigError, plan
 from cpu_grpo.engine.models import ModelError
 from cpu_grpo.errors import RunDirError, UserError
 from cpu_grpo.rundir import read_jsonl
@@ -68,7 +68,7 @@ def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
     assert (out / "report.md").read_text().startswith("# GRPO run")
 
     state = checkpoint.load_state(last)
-    assert state["step"] == 3 and state["data_pos"] == 6
+    assert state["step"] == 3 and state["progress"]["step"] == 3 and state["progress"]["data_pos"] == 6
     train(tiny_cfg(tiny_model, out, reward_file, steps=5), resume=True, log=lambda *a: None)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
@@ -235,7 +235,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     real_update = update_mod._iteration  # one pass a step (num_iterations 1)
 
     def counting_update(r, *args, **kw):
-        r_step["n"] = r.step
+        r_step["n"] = calls["n"]  # the steps before this one
         calls["n"] += 1
         return real_update(r, *args, **kw)
 
@@ -408,16 +408,17 @@ def test_dynamic_sampling_trains_only_groups_that_teach(tiny_model, tmp_path):
 def test_teaching_groups_are_the_first_whose_first_reward_varies():
     cfg = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2, "dynamic_sampling": 2})
     per_fn = {"correctness": [1, 1, 0, 1, float("nan"), 0.0, 0, 1, 1, 0], "format": [0, 1] * 5}
-    assert teaching(cfg, per_fn) == [1, 3]  # group 2 (nan, 0) is all 0; 4 would be the third
+    assert teaching(cfg, plan(cfg)[0], per_fn) == [1, 3]  # group 2 (nan, 0) is all 0; 4 would be the third
     off = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2})
-    assert teaching(off, per_fn) == [0, 1, 2, 3, 4]
+    assert teaching(off, plan(off)[0], per_fn) == [0, 1, 2, 3, 4]
     hardest = config.build(None, None, {"num_generations": 4, "prompts_per_step": 2, "dynamic_sampling": 2,
                                         "dynamic_sampling_keep": "hardest"})
     right = [1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1]  # 3/4, 0, 1/4, 4/4, 1/4, 3/4
-    assert teaching(hardest, {"correctness": right}) == [2, 4]  # the two with one right answer, in their order
+    assert teaching(hardest, plan(hardest)[0], {"correctness": right}) == [2, 4]  # one right answer, in their order
     first = config.build(None, None, {**hardest.to_dict(), "dynamic_sampling_keep": "first"})
-    assert teaching(first, {"correctness": right}) == [0, 2]
-    assert teaching(first, {"correctness": right}, keep="hardest") == [2, 4]  # a stage's own rule wins
+    assert teaching(first, plan(first)[0], {"correctness": right}) == [0, 2]
+    own = config.build(None, None, {**first.to_dict(), "stages": [{"name": "a", "dynamic_sampling_keep": "hardest"}]})
+    assert teaching(own, plan(own)[0], {"correctness": right}) == [2, 4]  # a stage's own rule wins
     with pytest.raises(ConfigError, match="dynamic_sampling_keep must be first or hardest"):
         config.build(None, None, {"dynamic_sampling_keep": "easiest"})
     with pytest.raises(ConfigError, match="dynamic_sampling must be >= 0"):

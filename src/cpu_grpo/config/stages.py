@@ -3,7 +3,7 @@ among them, and the completion limit of each held-out set. A run's stages are `p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..data.tasks import parts_of
 from ..errors import ConfigError
@@ -21,21 +21,28 @@ def _bool(value) -> bool:
 
 @dataclass(frozen=True)
 class Stage:
+    """A curriculum stage as the run trains it, resolved once by `plan`: every setting is the stage's own where it
+    gives one, else the run's."""
+
     name: str
     task: str
     steps: int
-    promote_at: float = 0.0  # move on when validation accuracy reaches this (0: run all steps)
-    learning_rate: float = 0.0  # 0: the run's learning_rate
-    # limit of this stage's rollouts and its task's held-out sets (0: the run's max_new_tokens, eval_max_new_tokens)
-    max_new_tokens: int = 0
-    lr_scheduler: str = ""  # one of SCHEDULES over this stage's own steps, from its learning rate ("": the run's)
-    prioritized_sampling: bool | None = None  # None: the run's
-    dynamic_sampling_keep: str = ""  # "": the run's
-    prompts_per_step: int = 0  # 0: the run's
-    held_out: bool = True  # its task's test split is a held-out set (false: measure it apart, e.g. with cpu-grpo eval)
+    promote_at: float  # move on when validation accuracy reaches this (0: no promotion check, run all steps)
+    learning_rate: float
+    max_new_tokens: int  # the completion limit of its rollouts
+    eval_max_new_tokens: int  # the completion limit its task's held-out sets and promotion checks are evaluated at
+    lr_scheduler: str  # one of SCHEDULES
+    lr_over_stage: bool  # lr_scheduler runs over this stage's own steps from its learning rate (the stage set one),
+    # else over the run's steps after warmup
+    prioritized_sampling: bool
+    dynamic_sampling_keep: str
+    prompts_per_step: int
+    held_out: bool  # its task's test split is a held-out set (false: measure it apart, e.g. with cpu-grpo eval)
 
 
-_STAGE_KEYS = {f.name for f in fields(Stage)}
+# what a stage may say (a name, or a mapping in a --config file); those of STAGE_SETTINGS it leaves out are the run's
+_STAGE_KEYS = {"name", "task", "steps", "promote_at", "learning_rate", "max_new_tokens", "lr_scheduler",
+               "prioritized_sampling", "dynamic_sampling_keep", "prompts_per_step", "held_out"}
 # the run's fields a stage may set for itself: given in a --config file or on the command line, they hold in every
 # stage of a profile (a stage's own value wins only in stages you write yourself)
 STAGE_SETTINGS = ("learning_rate", "lr_scheduler", "max_new_tokens", "prioritized_sampling", "dynamic_sampling_keep",
@@ -43,7 +50,8 @@ STAGE_SETTINGS = ("learning_rate", "lr_scheduler", "max_new_tokens", "prioritize
 
 
 def parse_stage(spec) -> dict:
-    """'basic', 'basic:10' or {'name': ..., 'task': ..., 'steps': ...} -> a dict of Stage fields."""
+    """'basic', 'basic:10' or {'name': ..., 'task': ..., 'steps': ...} -> a dict of the stage's keys that it gives
+    (plan resolves the rest)."""
     if isinstance(spec, str):
         if spec.strip()[:1] in "[{":  # JSON or a YAML flow list typed on the command line
             raise ConfigError("--stages takes names or name:steps: put stage mappings in a --config YAML file.")
@@ -108,10 +116,11 @@ def under_your_fields(stages: list, given, steps: int | None = None) -> list:
     return scale_stages(specs, steps) if steps is not None else specs
 
 
-def plan(cfg) -> list[Stage]:
-    """The stages of a run. Stages without steps share what `steps` leaves (the remainder goes to the last)."""
+def _specs(cfg) -> list[dict]:
+    """The stages as given (dicts of parse_stage's keys), each with its steps: stages without steps share what
+    `steps` leaves (the remainder goes to the last); no stages: the run's task for `steps`."""
     if not cfg.stages:
-        return [Stage(name=cfg.task, task=cfg.task, steps=cfg.steps)]
+        return [{"name": cfg.task, "task": cfg.task, "steps": cfg.steps}]
     names = [s["name"] for s in cfg.stages]
     if len(set(names)) != len(names):
         raise ConfigError(f"stage names must be distinct, got {', '.join(names)}: rename the repeated ones.")
@@ -121,12 +130,29 @@ def plan(cfg) -> list[Stage]:
     if free and rest < len(free):
         raise ConfigError(f"steps {cfg.steps} leaves {rest} for {len(free)} stage(s) without steps: raise steps "
                           "or give each stage its own.")
-    out = []
-    for i, s in enumerate(cfg.stages):
-        if "steps" not in s:
-            s = {**s, "steps": rest // len(free) + (rest % len(free) if i == free[-1] else 0)}
-        out.append(Stage(**s))
-    return out
+    return [s if "steps" in s else {**s, "steps": rest // len(free) + (rest % len(free) if i == free[-1] else 0)}
+            for i, s in enumerate(cfg.stages)]
+
+
+def plan(cfg) -> list[Stage]:
+    """The stages of a run, each resolved: its own settings where it gives them, the run's elsewhere."""
+    limits = eval_limits(cfg)
+    return [_resolve(cfg, s, limits) for s in _specs(cfg)]
+
+
+def _resolve(cfg, spec: dict, limits: dict[str, int]) -> Stage:
+    """One stage's every setting: its own, else the run's. Its evaluation limit is its held-out sets' (the largest
+    of them where it joins several), else its own max_new_tokens, else the run's eval_max_new_tokens."""
+    own_eval = spec.get("max_new_tokens") or cfg.eval_max_new_tokens
+    return Stage(
+        name=spec["name"], task=spec["task"], steps=spec["steps"], promote_at=spec.get("promote_at", 0.0),
+        learning_rate=spec.get("learning_rate") or cfg.learning_rate,
+        max_new_tokens=spec.get("max_new_tokens") or cfg.max_new_tokens,
+        eval_max_new_tokens=max(limits.get(t, own_eval) for t in parts_of(spec["task"])),
+        lr_scheduler=spec.get("lr_scheduler") or cfg.lr_scheduler, lr_over_stage=bool(spec.get("lr_scheduler")),
+        prioritized_sampling=spec.get("prioritized_sampling", cfg.prioritized_sampling),
+        dynamic_sampling_keep=spec.get("dynamic_sampling_keep") or cfg.dynamic_sampling_keep,
+        prompts_per_step=spec.get("prompts_per_step") or cfg.prompts_per_step, held_out=spec.get("held_out", True))
 
 
 def eval_limits(cfg) -> dict[str, int]:
@@ -134,7 +160,7 @@ def eval_limits(cfg) -> dict[str, int]:
     eval_task's entries): the largest max_new_tokens of the stages that set one and train on it, else
     eval_max_new_tokens."""
     own: dict[str, int] = {}
-    for s in (s for s in plan(cfg) if s.held_out):
-        own.update({t: max(own.get(t, 0), s.max_new_tokens) for t in parts_of(s.task)})
+    for s in (s for s in _specs(cfg) if s.get("held_out", True)):
+        own.update({t: max(own.get(t, 0), s.get("max_new_tokens", 0)) for t in parts_of(s["task"])})
     tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}

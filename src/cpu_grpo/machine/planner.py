@@ -129,8 +129,8 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
             prompt_len: int = PROMPT_TOKENS) -> Prediction:
     """Seconds per step (rollout, update; the mean over the stages, each at its own completion limit and prompts a
     step unless `completion_len` is given), peak RSS and the whole run's wall time for `cfg` on `machine`."""
-    stages = [(s.steps, completion_len or s.max_new_tokens or cfg.max_new_tokens,
-               replace(cfg, prompts_per_step=s.prompts_per_step or cfg.prompts_per_step)) for s in plan(cfg)]
+    stages = [(s.steps, completion_len or s.max_new_tokens, replace(cfg, prompts_per_step=s.prompts_per_step))
+              for s in plan(cfg)]
     steps = max(1, sum(n for n, _, _ in stages))
     phases = [(n, _step_seconds(c, shapes, machine, t, prompt_len)) for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
@@ -227,8 +227,8 @@ def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> 
 
     h = pred.wall_s / 3600
     stages = plan(cfg)
-    own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in stages if s.max_new_tokens)
-    prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in stages if s.prompts_per_step)
+    own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in stages if s.max_new_tokens != cfg.max_new_tokens)
+    prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in stages if s.prompts_per_step != cfg.prompts_per_step)
     return "\n".join([
         f"plan for {model}: {cfg.prompts_per_step} prompts{f' ({prompts})' if prompts else ''} x "
         f"{cfg.num_generations} samples x "

@@ -3,7 +3,7 @@
 runs/<name>/checkpoints/step-000020/
   model.safetensors | adapter_model.safetensors, config.json, tokenizer files   (from_pretrained works)
   train_config.yaml         (the run's resolved config)
-  trainer_state.pt          (optimizer, scheduler, RNG, step, stage, data position)
+  trainer_state.pt          (optimizer, scheduler, RNG, the run's progress: step, stage, data position, ...)
   ewc.safetensors           (accumulated Fisher and anchors, once a stage has ended with ewc_lambda > 0)
   STAGE_END                 (the stage's name, in the checkpoint that ends a curriculum stage; kept forever)
   SAMPLED_SIGNAL            (these weights sampled a step that taught something: written at that next step)

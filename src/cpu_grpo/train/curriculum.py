@@ -69,14 +69,16 @@ class TypePriority:
         return [self.data[self.by_type[t][rng.randrange(len(self.by_type[t]))]] for t in picked]
 
     @staticmethod
-    def count(counts: dict[str, list[int]], batch: list[tasks.Example], first_reward: list[float]) -> None:
-        """Add a step's groups to `counts` (template -> [samples, right]); right: the first reward is above 0."""
-        g = len(first_reward) // len(batch)
+    def count(counts: dict[str, list[int]], batch: list[tasks.Example], first_reward: list[float]) -> dict:
+        """`counts` (template -> [samples, right]) with a step's groups added, as a new dict; right: the first reward
+        is above 0."""
+        g, out = len(first_reward) // len(batch), {t: list(c) for t, c in counts.items()}
         for i, ex in enumerate(batch):
             rewards = first_reward[i * g:(i + 1) * g]
-            c = counts.setdefault(ex.template, [0, 0])
+            c = out.setdefault(ex.template, [0, 0])
             c[0] += g
             c[1] += sum(1 for x in rewards if x == x and x > 0)  # NaN (no answer to score) is not right
+        return out
 
 
 def held_out(cfg: TrainConfig) -> list[HeldOut]:

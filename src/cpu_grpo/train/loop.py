@@ -29,8 +29,8 @@ from ..eval import report
 from ..machine import allocator, planner
 from ..rundir import RunLock, read_json, stage_eval_path, write_status
 from . import checkpoint, curriculum, distributed
-from .runstate import Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
-from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, fitting, promoted, stage_finished
+from .runstate import Progress, Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
+from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, fitting, promoted, validation_accuracy
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
 from .trackers import Tracker, summary_metrics
 
@@ -44,7 +44,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     world = distributed.init(cfg.ddp_timeout)
     run_dir, created = None, False
     try:
-        fewest = min(s.prompts_per_step or cfg.prompts_per_step for s in plan(cfg))
+        fewest = min(s.prompts_per_step for s in plan(cfg))
         if fewest < world.size:
             raise TrainingError(f"prompts_per_step {fewest} is less than the {world.size} ranks: each "
                                 "rank samples whole groups, so give at least one prompt per rank")
@@ -134,7 +134,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         rewards.check_columns(fns, data, part)  # a column a reward needs and the data lacks: now, not at step 1
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
-    r, ref = build_run(cfg, run_dir, ckpt, log, world)
+    r, ref, p = build_run(cfg, run_dir, ckpt, log, world)
     eval_set = [dataclasses.replace(s, examples=fitting(r, s.examples, s.max_new_tokens, s.task)) for s in eval_set]
     r.commit = rundir.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
@@ -147,82 +147,88 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         # ---------------------------------------------------------------- evaluate the base model
         if world.broadcast(bool(eval_set) and not (run_dir / "eval_before.jsonl").exists()):
             if world.main:
-                write_status(run_dir, state="evaluating", step=r.step, stage="base", stage_index=-1,
+                write_status(run_dir, state="evaluating", step=p.step, stage="base", stage_index=-1,
                              total_steps=cfg.total_steps, num_stages=len(stages))
             log(f"evaluating the base model on {sum(len(s.examples) for s in eval_set)} held-out problems ...")
             evaluate_all(r, eval_set, run_dir / "eval_before.jsonl")
         # ---------------------------------------------------------------- train, stage after stage
         for k, stage in enumerate(stages):
-            if k < r.stage_index:
+            if k < p.stage_index:
                 continue
-            if k > r.stage_index:
-                r.stage_index, r.stage_step, r.data_pos, r.type_counts = k, 0, 0, {}
-            train_set, order = enter_stage(r, k, stage, len(stages))
-            reward_fns = [rewards.load_reward(spec, r.limit) for spec in cfg.rewards]  # `overlong` needs the limit
-            promoted_at = _run_stage(r, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
+            if k > p.stage_index:
+                p = dataclasses.replace(p, stage_index=k, stage_step=0, data_pos=0, type_counts={}, validation=None,
+                                        stage_ended=False)
+            train_set, order = enter_stage(r, p, k, stage, len(stages))
+            reward_fns = [rewards.load_reward(spec, stage.max_new_tokens) for spec in cfg.rewards]  # `overlong`
+            p = _run_stage(r, p, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
             if stop_agreed(r, stop):
                 break
-            finish_stage(r, k, stage, len(stages), eval_set, train_set, order, promoted_at)
+            resumed = p.stage_ended  # from this stage's own end checkpoint
+            p = dataclasses.replace(p, stage_ended=True)
+            finish_stage(r, p, k, stage, len(stages), eval_set, train_set, order, resumed)
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
-    return _finish(r, stages, eval_set, tracker, stop, t_start, profile)
+    return _finish(r, p, stages, eval_set, tracker, stop, t_start, profile)
 
 
-def _run_stage(r: Run, ref, reward_fns, k: int, stage, n_stages: int, train_set, order, tracker, stop) -> float | None:
-    """GRPO steps on one stage until its steps are done, it is promoted, or a stop is requested; returns the last
-    validation accuracy (None when the stage has no promotion check)."""
+def _run_stage(r: Run, p: Progress, ref, reward_fns, k: int, stage, n_stages: int, train_set, order, tracker,
+               stop) -> Progress:
+    """GRPO steps on one stage from `p` until its steps are done, it is promoted, or a stop is requested; returns
+    the progress after them. Every rank holds the same progress, so all agree on when the stage ends."""
     cfg, main = r.cfg, r.world.main
-    done = r.world.broadcast(stage_finished(r.dir, k, r.step, promoted_only=True))  # resumed after its promotion
     val = curriculum.validation(cfg, stage) if stage.promote_at else []
-    promoted_at = None
     if main:
-        write_status(r.dir, state="training", step=r.step, stage=stage.name, stage_index=k,
+        write_status(r.dir, state="training", step=p.step, stage=stage.name, stage_index=k,
                      total_steps=cfg.total_steps, num_stages=n_stages)
 
-    prioritized = cfg.prioritized_sampling if stage.prioritized_sampling is None else stage.prioritized_sampling
-    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if prioritized else None
+    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if stage.prioritized_sampling else None
 
-    def draw(pos: int) -> list:  # a step's problems: at position pos of the stage's order, or by type
+    def draw(pos: int) -> list:  # a step's problems: at position pos of the stage's order, or by type (p's counts)
         if priority:
-            return priority.draw(pos, r.prompts, r.type_counts)
-        return [train_set[order[(pos + i) % len(order)]] for i in range(r.prompts)]
+            return priority.draw(pos, stage.prompts_per_step, p.type_counts)
+        return [train_set[order[(pos + i) % len(order)]] for i in range(stage.prompts_per_step)]
 
-    while r.stage_step < stage.steps and not done and not stop_agreed(r, stop):
-        step = grpo_step(r, ref, reward_fns, draw, stop)
+    while p.stage_step < stage.steps and not promoted(p, stage) and not stop_agreed(r, stop):
+        step = grpo_step(r, p, stage, ref, reward_fns, draw, stop)
         if step is None:
             break
-        if priority:
-            priority.count(r.type_counts, step.rollout.batch, next(iter(step.per_fn.values())))
-        promoted_at = promoted(r, stage, val)
+        counts = priority.count(p.type_counts, step.rollout.batch, next(iter(step.per_fn.values()))) \
+            if priority else p.type_counts
+        # ---------------------------------------------------------------- the run's progress: here alone
+        p = dataclasses.replace(p, step=p.step + 1, stage_step=p.stage_step + 1, data_pos=p.data_pos + step.drawn,
+                                type_counts=counts, stage_ended=False, all_equal_steps=step.all_equal_steps,
+                                bad_steps=step.bad_steps, micro_cap=step.micro_cap)
+        p = dataclasses.replace(p, validation=validation_accuracy(r, stage, val, p.stage_step))
         record = {**step.record, "stage": stage.name, "stage_index": k, "stage_steps": stage.steps,
-                  **({"validation_accuracy": promoted_at} if promoted_at is not None else {})}
+                  **({"validation_accuracy": p.validation} if p.validation is not None else {})}
         tracker.log(record)
         if main:
-            log_groups(r, stage.name, step, tracker)
-            write_status(r.dir, state="training", step=r.step)
-        if promoted_at is not None and promoted_at >= stage.promote_at:
-            r.log(f"stage '{stage.name}' promoted at step {r.stage_step}: validation accuracy {promoted_at:.3f} >= "
+            log_groups(r, p.step, stage.name, step, tracker)
+            write_status(r.dir, state="training", step=p.step)
+        if promoted(p, stage):
+            r.log(f"stage '{stage.name}' promoted at step {p.stage_step}: validation accuracy {p.validation:.3f} >= "
                   f"{stage.promote_at}")
             break
-        if cfg.save_every and r.step % cfg.save_every == 0 and r.stage_step < stage.steps:
-            save_checkpoint(r)
-    return promoted_at
+        if cfg.save_every and p.step % cfg.save_every == 0 and p.stage_step < stage.steps:
+            save_checkpoint(r, p)
+    return p
 
 
-def _finish(r: Run, stages, eval_set, tracker, stop: StopFlag, t_start: float, profile: str) -> Path:
-    """The last checkpoint; then either the stop message or the report (summary.json, report.md, trackers)."""
+def _finish(r: Run, p: Progress, stages, eval_set, tracker, stop: StopFlag, t_start: float, profile: str) -> Path:
+    """The last checkpoint (at `p`); then either the stop message or the report (summary.json, report.md,
+    trackers)."""
     run_dir, log = r.dir, r.log
     last = checkpoint.latest(run_dir)
-    if r.world.broadcast(r.step > 0 and (last is None or not last.name.endswith(f"{r.step:06d}"))):
-        save_checkpoint(r)
+    if r.world.broadcast(p.step > 0 and (last is None or not last.name.endswith(f"{p.step:06d}"))):
+        save_checkpoint(r, p)
     if not r.world.main:
         return run_dir
     if stop.requested:
         tracker.finish({})
-        write_status(run_dir, state="stopped", step=r.step)
-        if r.step:
-            log(f"stopped at step {r.step}: complete checkpoint in {checkpoint.latest(run_dir)}; "
+        write_status(run_dir, state="stopped", step=p.step)
+        if p.step:
+            log(f"stopped at step {p.step}: complete checkpoint in {checkpoint.latest(run_dir)}; "
                 "continue with the same command and --resume")
         else:
             log("stopped before the first step: run the same command again (the base evaluation is kept)")
@@ -230,7 +236,7 @@ def _finish(r: Run, stages, eval_set, tracker, stop: StopFlag, t_start: float, p
     if eval_set:
         final = stage_eval_path(run_dir, len(stages) - 1, stages[-1].name)
         shutil.copyfile(final, run_dir / "eval_after.jsonl")
-    summary = report.write_summary(run_dir, r.cfg, r.step, time.time() - t_start, log, profile, r.commit)
+    summary = report.write_summary(run_dir, r.cfg, p.step, time.time() - t_start, log, profile, r.commit)
     tracker.finish(summary_metrics(summary, read_json(run_dir / "forgetting.json")))
-    write_status(run_dir, state="finished", step=r.step)
+    write_status(run_dir, state="finished", step=p.step)
     return run_dir

@@ -6,7 +6,7 @@ import errno
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,7 +16,7 @@ from ..config.stages import Stage
 from ..engine.models import bf16_supported, load_model
 from ..engine.rollout import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError
-from ..rundir import cut_jsonl
+from ..rundir import cut_jsonl, read_jsonl
 from . import checkpoint, curriculum
 from .distributed import SINGLE, World
 
@@ -55,7 +55,7 @@ def lr_factor(cfg: TrainConfig, stage: Stage | None = None, start: int = 0):
     """The learning rate's factor at a step: a stage's own lr_scheduler over its steps from step `start` where it
     has one, else the run's (warmup, then lr_scheduler over the run's steps)."""
     def factor(step: int) -> float:
-        if stage is not None and stage.lr_scheduler:
+        if stage is not None and stage.lr_over_stage:
             return schedule(stage.lr_scheduler, (step - start) / stage.steps)
         if step < cfg.warmup_steps:
             return (step + 1) / (cfg.warmup_steps + 1)
@@ -80,9 +80,40 @@ def prepare_model(cfg: TrainConfig, log):
     return model, tok
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is: what changes as it trains and a resume must restore. Saved in every checkpoint; only the loop
+    makes a new one (from what a step or a stage's end did)."""
+
+    step: int = 0  # optimizer steps in the whole run
+    stage_index: int = 0  # the stage being trained
+    stage_step: int = 0  # steps done in that stage
+    data_pos: int = 0  # prompts of that stage's training order consumed
+    type_counts: dict = field(default_factory=dict)  # that stage's rollouts by problem type: [samples, right]
+    validation: float | None = None  # that stage's validation accuracy at its last step (None: no check then)
+    stage_ended: bool = False  # that stage's end (evaluation, Fisher, tagged checkpoint) is done at this step
+    bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
+    all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
+    micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
+
+    @classmethod
+    def restored(cls, state: dict, run_dir: Path) -> Progress:
+        """The progress a checkpoint's trainer state saved; from a checkpoint saved before Progress, its own keys
+        (a stage's end from its tag, its validation accuracy from stages.jsonl)."""
+        if "progress" in state:
+            return cls(**state["progress"])
+        ended = bool(state.get("tag"))
+        k, step = state.get("stage_index", 0), state["step"]
+        records = [x for x in read_jsonl(run_dir / "stages.jsonl") if x["stage_index"] == k and x["end_step"] == step]
+        return cls(step, k, state.get("stage_step", step), state["data_pos"], state.get("type_counts", {}),
+                   records[-1]["validation_accuracy"] if ended and records else None, ended,
+                   all_equal_steps=state.get("all_equal_steps", 0))
+
+
 @dataclass
 class Run:
-    """What the loop works with; no global state, so a process can hold several (tests) or one per rank."""
+    """What the loop works with (its progress travels apart, as a Progress); no global state, so a process can hold
+    several (tests) or one per rank."""
 
     cfg: TrainConfig
     dir: Path
@@ -97,36 +128,15 @@ class Run:
     log: object
     world: World = SINGLE  # this process's rank among the data-parallel ranks (one process: SINGLE)
     ewc: curriculum.EWC = field(default_factory=curriculum.EWC)
-    step: int = 0  # optimizer steps in the whole run
-    stage_index: int = 0  # the stage being trained
-    stage_step: int = 0  # steps done in that stage
-    data_pos: int = 0  # prompts of that stage's training order consumed
-    type_counts: dict = field(default_factory=dict)  # that stage's rollouts by problem type: [samples, right]
-    max_new_tokens: int = 0  # that stage's completion limit in training (0: the config's)
-    dynamic_sampling_keep: str = ""  # that stage's rule for the groups dynamic sampling trains ("": the config's)
-    prompts_per_step: int = 0  # that stage's prompts a step (0: the config's)
-    bad_steps: int = 0  # updates skipped in a row for a non-finite gradient
-    all_equal_steps: int = 0  # steps in a row in which every group's rewards were all equal
-    micro_cap: int = 0  # after running out of memory: the largest micro-batch for the rest of the run (0: none)
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
 
-    @property
-    def limit(self) -> int:
-        """The completion limit of the rollouts now: the stage's, else the config's max_new_tokens."""
-        return self.max_new_tokens or self.cfg.max_new_tokens
-
-    @property
-    def prompts(self) -> int:
-        """The prompts a step now: the stage's, else the config's prompts_per_step."""
-        return self.prompts_per_step or self.cfg.prompts_per_step
-
-    def sampling(self, greedy: bool = False, max_new_tokens: int = 0) -> Sampling:
-        """How rollouts are sampled (the stage's limit, the config's temperature and top-k/p), or the greedy
-        evaluation (at `max_new_tokens`, else the config's eval_max_new_tokens)."""
+    def sampling(self, max_new_tokens: int, greedy: bool = False) -> Sampling:
+        """How rollouts are sampled up to `max_new_tokens` (the config's temperature and top-k/p), or the greedy
+        evaluation."""
         c, pad = self.cfg, self.tok.pad_token_id
         if greedy:
-            return Sampling(max_new_tokens or c.eval_max_new_tokens, self.stops, pad, temperature=0.0)
-        return Sampling(self.limit, self.stops, pad, c.temperature, c.top_k, c.top_p)
+            return Sampling(max_new_tokens, self.stops, pad, temperature=0.0)
+        return Sampling(max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None, bool]:
@@ -153,10 +163,11 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     return run, ckpt, created
 
 
-def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: World = SINGLE) -> tuple[Run, object]:
-    """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference).
-    Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are removed.
-    Every rank builds its own; each samples with its own generator (rank 0's seed is the run's seed)."""
+def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
+              world: World = SINGLE) -> tuple[Run, object, Progress]:
+    """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference,
+    progress). Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are
+    removed. Every rank builds its own; each samples with its own generator (rank 0's seed is the run's seed)."""
     if world.main:
         checkpoint.remove_partial(run_dir)
     model, tok = prepare_model(cfg, log)
@@ -170,25 +181,24 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
     run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,
               sched, torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank), stop_ids(tok, model), autocast,
               log, world)
+    progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         _restore_rng(run, state)
-        run.step, run.data_pos = state["step"], state["data_pos"]
-        run.stage_index, run.stage_step = state.get("stage_index", 0), state.get("stage_step", state["step"])
-        run.all_equal_steps = state.get("all_equal_steps", 0)
-        run.type_counts = state.get("type_counts", {})
+        progress = Progress.restored(state, run_dir)
         if (ckpt / curriculum.EWC_FILE).exists():
             run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
-        log(f"resumed from {ckpt} at step {run.step} (stage {run.stage_index + 1}, step {run.stage_step} in it)")
+        log(f"resumed from {ckpt} at step {progress.step} (stage {progress.stage_index + 1}, step "
+            f"{progress.stage_step} in it)")
     # records of steps after the checkpoint (all of them before a first one) are logged again as the steps rerun;
     # a run stopped before its first checkpoint starts again in place, its base evaluation kept
-    dropped = sum(cut_jsonl(run_dir / name, run.step) for name in ("metrics.jsonl", "groups.jsonl")) \
+    dropped = sum(cut_jsonl(run_dir / name, progress.step) for name in ("metrics.jsonl", "groups.jsonl")) \
         if world.main else 0
     if dropped:
         log(f"{dropped} log records of steps after {ckpt or 'the start'} dropped: those steps run again")
-    return run, ref
+    return run, ref, progress
 
 
 def _restore_rng(run: Run, state: dict) -> None:
@@ -203,22 +213,21 @@ def _restore_rng(run: Run, state: dict) -> None:
             "from the same weights and data position, but its samples differ from those of an uninterrupted run")
 
 
-def save_checkpoint(r: Run, tag: str = "") -> None:
-    """A complete checkpoint of the run; never one with non-finite weights (the older ones stay the last good).
+def save_checkpoint(r: Run, p: Progress, tag: str = "") -> None:
+    """A complete checkpoint of the run at `p`; never one with non-finite weights (the older ones stay the last good).
     Every rank calls it (their sampling states are gathered); rank 0 writes."""
     bad = [n for n, p in r.model.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
     if bad:
-        raise TrainingError(f"{len(bad)} weight tensors are not finite (first: {bad[0]}) at step {r.step}: "
+        raise TrainingError(f"{len(bad)} weight tensors are not finite (first: {bad[0]}) at step {p.step}: "
                             "nothing was saved; lower --learning-rate and resume from the last checkpoint")
     rngs = r.world.gather(checkpoint.rng_state(r.gen))
     if not r.world.main:
         return
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": rngs[0], "rng_ranks": rngs,
-             "data_pos": r.data_pos, "stage_index": r.stage_index, "stage_step": r.stage_step,
-             "all_equal_steps": r.all_equal_steps, "type_counts": r.type_counts}
+             "progress": asdict(p)}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:
-        checkpoint.save(r.dir, r.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
+        checkpoint.save(r.dir, p.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
                         extra=extra)
     except Exception as e:  # OSError; torch.save's RuntimeError; safetensors' SafetensorError
         if not disk_full(e):
@@ -226,7 +235,7 @@ def save_checkpoint(r: Run, tag: str = "") -> None:
         free = shutil.disk_usage(r.dir).free / 2**20
         last = checkpoint.latest(r.dir)
         raise TrainingError(f"the disk holding {r.dir} is full ({free:.0f} MB free) while saving the checkpoint of "
-                            f"step {r.step}: free some space and continue with --resume (from "
+                            f"step {p.step}: free some space and continue with --resume (from "
                             f"{last.name if last else 'the start'})") from None
 
 

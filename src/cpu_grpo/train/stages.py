@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.stages import Stage, eval_limits
+from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
 from ..engine.rollout import encode_prompts
@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
 from . import curriculum
-from .runstate import RANK_SEED, Run, lr_factor, save_checkpoint
+from .runstate import RANK_SEED, Progress, Run, lr_factor, save_checkpoint
 
 FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
 
@@ -35,7 +35,7 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
         mine = [ex for s in group for ex in s.examples][r.world.rank::r.world.size]
         judge = evaluate.Judge.of(r.cfg.rewards, r.cfg.correct_reward, limit, r.cfg.reward_timeout)
         records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction,
-                                                       r.sampling(greedy=True, max_new_tokens=limit), log=log or r.log,
+                                                       r.sampling(limit, greedy=True), log=log or r.log,
                                                        system=r.cfg.system_prompt, judge=judge))
         records = [{**x, "max_new_tokens": limit} for x in records]
         for s in group:
@@ -84,46 +84,50 @@ def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[ta
     return [ex for ex in data if ex.id not in ids]
 
 
-def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
-    """The stage's training problems and their order; its learning rate and completion limit."""
+def enter_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
+    """The stage's training problems and their order; its learning rate from the stage's first step (at `p`)."""
     cfg = r.cfg
-    data = fitting(r, curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train"),
-                   stage.max_new_tokens or cfg.max_new_tokens, stage.task)
+    data = fitting(r, curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train"), stage.max_new_tokens,
+                   stage.task)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
-    lr = stage.learning_rate or cfg.learning_rate
-    r.max_new_tokens, r.dynamic_sampling_keep = stage.max_new_tokens, stage.dynamic_sampling_keep
-    r.prompts_per_step = stage.prompts_per_step
-    r.sched.base_lrs = [lr for _ in r.opt.param_groups]
-    r.sched.lr_lambdas = [lr_factor(cfg, stage, start=r.step - r.stage_step) for _ in r.opt.param_groups]
+    r.sched.base_lrs = [stage.learning_rate for _ in r.opt.param_groups]
+    r.sched.lr_lambdas = [lr_factor(cfg, stage, start=p.step - p.stage_step) for _ in r.opt.param_groups]
     for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
-        group["lr"] = lr * f(r.sched.last_epoch)
+        group["lr"] = stage.learning_rate * f(r.sched.last_epoch)
     if n_stages > 1:
-        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr {lr:g}"
-              + (f" ({stage.lr_scheduler})" if stage.lr_scheduler else "") + ", "
-              f"{r.limit} tokens"
+        r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr "
+              f"{stage.learning_rate:g}" + (f" ({stage.lr_scheduler})" if stage.lr_over_stage else "") + ", "
+              f"{stage.max_new_tokens} tokens"
               + (f", promoted at validation accuracy {stage.promote_at:.2f}" if stage.promote_at else ""))
     return data, order
 
 
-def promoted(r: Run, stage: Stage, val: list[tasks.Example]) -> float | None:
-    """Validation accuracy when a promotion check is due (else None)."""
-    if not stage.promote_at or r.stage_step % r.cfg.promote_every or not val:
+def validation_accuracy(r: Run, stage: Stage, val: list[tasks.Example], stage_step: int) -> float | None:
+    """The stage's validation accuracy when a promotion check is due at its step `stage_step` (else None), at the
+    limit its held-out sets are evaluated at."""
+    if not stage.promote_at or stage_step % r.cfg.promote_every or not val:
         return None
-    limits, own = eval_limits(r.cfg), stage.max_new_tokens or r.cfg.eval_max_new_tokens
-    limit = max(limits.get(t, own) for t in tasks.parts_of(stage.task))  # as its held-out sets are evaluated
-    records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, limit)], None, log=lambda *a: None)
+    records = evaluate_all(r, [curriculum.HeldOut(stage.task, val, stage.eval_max_new_tokens)], None,
+                           log=lambda *a: None)
     return sum(x["correct"] for x in records) / len(records)
 
 
-def estimate_fisher(r: Run, k: int, data: list[tasks.Example], order: list[int]) -> dict[str, torch.Tensor]:
-    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of stage k (each
-    rank samples its share; the sums of squared gradients are added up over the ranks). The samples come from
-    their own generator, so a run with EWC draws the same problems and rollouts as one without, up to its weights."""
+def promoted(p: Progress, stage: Stage) -> bool:
+    """Whether the stage's last validation accuracy reached its promote_at (then it trains no more)."""
+    return p.validation is not None and p.validation >= stage.promote_at
+
+
+def estimate_fisher(r: Run, p: Progress, k: int, stage: Stage, data: list[tasks.Example],
+                    order: list[int]) -> dict[str, torch.Tensor]:
+    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of stage k (from its
+    data position at `p`; each rank samples its share; the sums of squared gradients are added up over the ranks).
+    The samples come from their own generator, so a run with EWC draws the same problems and rollouts as one
+    without, up to its weights."""
     cfg, n = r.cfg, r.cfg.fisher_samples
-    batch = [data[order[(r.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
+    batch = [data[order[(p.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (k + 1))
-    completions = r.sampler.generate(prompts, 1, r.sampling(), gen)
+    completions = r.sampler.generate(prompts, 1, r.sampling(stage.max_new_tokens), gen)
 
     def seq_logprob(i: int) -> torch.Tensor:
         logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
@@ -133,20 +137,23 @@ def estimate_fisher(r: Run, k: int, data: list[tasks.Example], order: list[int])
     return curriculum.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
 
 
-def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, order, promoted_at) -> None:
-    """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint."""
+def finish_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int, eval_set, data, order,
+                 resumed: bool) -> None:
+    """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint
+    at `p` (its stage ended) and record the stage in stages.jsonl. `resumed`: the run was resumed from this
+    stage's own end checkpoint, so that only a Fisher now due is left (it was the last stage when it ended: a run
+    extended by more stages anchors it all the same)."""
     cfg, t0 = r.cfg, time.time()
     fisher_due = cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages
-    if r.world.broadcast(stage_finished(r.dir, k, r.step)):  # resumed from this stage's own end checkpoint
-        if fisher_due:  # it was the last stage when it ended: a run extended by more stages anchors it all the same
-            add_fisher(r, k, stage, data, order)
-            save_checkpoint(r, tag=stage.name)
+    if resumed:
+        if fisher_due:
+            add_fisher(r, p, k, stage, data, order)
+            save_checkpoint(r, p, tag=stage.name)
         return
-    record = {"stage": stage.name, "stage_index": k, "steps": r.stage_step, "end_step": r.step,
-              "promoted": promoted_at is not None and promoted_at >= stage.promote_at,
-              "validation_accuracy": promoted_at}
-    if r.type_counts:  # prioritized sampling: what the draws were weighted by, samples and right answers by type
-        record["type_counts"] = r.type_counts
+    record = {"stage": stage.name, "stage_index": k, "steps": p.stage_step, "end_step": p.step,
+              "promoted": promoted(p, stage), "validation_accuracy": p.validation}
+    if p.type_counts:  # prioritized sampling: what the draws were weighted by, samples and right answers by type
+        record["type_counts"] = p.type_counts
     path = stage_eval_path(r.dir, k, stage.name)
     if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
         if r.world.main:
@@ -155,22 +162,16 @@ def finish_stage(r: Run, k: int, stage: Stage, n_stages: int, eval_set, data, or
         evaluate_all(r, eval_set, path)
     record["eval_seconds"] = round(time.time() - t0, 1)
     if fisher_due:
-        record |= add_fisher(r, k, stage, data, order)
-    save_checkpoint(r, tag=stage.name)
+        record |= add_fisher(r, p, k, stage, data, order)
+    save_checkpoint(r, p, tag=stage.name)
     if r.world.main:
         append_jsonl(r.dir / "stages.jsonl", record)
 
 
-def add_fisher(r: Run, k: int, stage: Stage, data, order) -> dict:
+def add_fisher(r: Run, p: Progress, k: int, stage: Stage, data, order) -> dict:
     """Anchor EWC at stage k's end: its Fisher diagonal and the weights now."""
     t0 = time.time()
-    r.ewc.add_stage(stage.name, estimate_fisher(r, k, data, order), dict(curriculum.trainable(r.model)))
+    r.ewc.add_stage(stage.name, estimate_fisher(r, p, k, stage, data, order), dict(curriculum.trainable(r.model)))
     seconds = round(time.time() - t0, 1)
     r.log(f"Fisher diagonal of stage '{stage.name}' from {r.cfg.fisher_samples} samples in {seconds:.0f}s")
     return {"fisher_samples": r.cfg.fisher_samples, "fisher_seconds": seconds}
-
-
-def stage_finished(run_dir: Path, k: int, step: int, promoted_only: bool = False) -> bool:
-    """Whether stage k ended at this step (its evaluation, Fisher and checkpoint are done), by promotion."""
-    return any(x["stage_index"] == k and x["end_step"] == step and (x["promoted"] or not promoted_only)
-               for x in read_jsonl(run_dir / "stages.jsonl"))

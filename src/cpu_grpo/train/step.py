@@ -31,14 +31,15 @@ from typing import NamedTuple
 import torch
 
 from ..config import TrainConfig
+from ..config.stages import Stage
 from ..data import rewards, tasks
 from ..engine.rollout import encode_prompts
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
 from .grpo import group_advantages
-from .runstate import Run, TrainingError
-from .update import Rollout, Update, update
+from .runstate import Progress, Run, TrainingError
+from .update import Rollout, Update, check_update, update
 
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
 
@@ -62,36 +63,42 @@ class StopFlag:
 class StepResult(NamedTuple):
     """One GRPO step over every group sampled: its metrics.jsonl record, the rollout (B groups of G: N = B*G), the
     weighted total reward (N,), each reward function's values (N each) and the advantages (N,) (0 for groups not
-    trained)."""
+    trained); the problems it drew from the stage's order, and the run's guard counters after it (the loop puts
+    them in its Progress)."""
 
     record: dict
     rollout: Rollout
     total: torch.Tensor
     per_fn: dict[str, list[float]]
     adv: torch.Tensor
+    drawn: int
+    all_equal_steps: int  # steps in a row in which every group's rewards were all equal
+    bad_steps: int  # updates skipped in a row for a non-finite gradient
+    micro_cap: int  # the largest micro-batch for the rest of the run (0: none)
 
 
-def sample(r: Run, batch: list[tasks.Example]) -> Rollout:
-    """G completions for each problem of the batch, from the bf16 sampler (seeded by the run's generator)."""
+def sample(r: Run, batch: list[tasks.Example], limit: int) -> Rollout:
+    """G completions of up to `limit` tokens for each problem of the batch, from the bf16 sampler (seeded by the
+    run's generator)."""
     cfg, tok = r.cfg, r.tok
     prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
-    completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(), r.gen)
-    truncated = [len(c) >= r.limit and c[-1] not in r.stops for c in completions]
+    completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(limit), r.gen)
+    truncated = [len(c) >= limit and c[-1] not in r.stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
 
-def teaching(cfg: TrainConfig, per_fn: dict[str, list[float]], keep: str = "", n: int = 0) -> list[int]:
-    """The groups the update trains on. With `dynamic_sampling` (DAPO), `n` (else prompts_per_step) groups whose
-    first reward function (correctness by default) is not the same for every sample: the first ones, or with
-    `dynamic_sampling_keep: hardest` (or `keep`, a stage's own rule) those with the lowest mean of it (the first
-    among equals), in their order; otherwise every group."""
-    g, n = cfg.num_generations, n or cfg.prompts_per_step
+def teaching(cfg: TrainConfig, stage: Stage, per_fn: dict[str, list[float]]) -> list[int]:
+    """The groups the update trains on. With `dynamic_sampling` (DAPO), the stage's prompts_per_step groups whose
+    first reward function (correctness by default) is not the same for every sample: the first ones, or with the
+    stage's `dynamic_sampling_keep: hardest` those with the lowest mean of it (the first among equals), in their
+    order; otherwise every group."""
+    g, n = cfg.num_generations, stage.prompts_per_step
     groups = len(next(iter(per_fn.values()))) // g
     if not cfg.dynamic_sampling:
         return list(range(groups))
     first = torch.tensor(next(iter(per_fn.values())), dtype=torch.float).nan_to_num(0.0).view(groups, g)
     varies = (first != first[:, :1]).any(dim=1).nonzero().flatten().tolist()
-    if (keep or cfg.dynamic_sampling_keep) == "hardest":
+    if stage.dynamic_sampling_keep == "hardest":
         varies = sorted(sorted(varies, key=lambda i: first[i].mean().item())[:n])
     return varies[:n]
 
@@ -118,19 +125,20 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) 
     return total, per_fn
 
 
-def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
-    """One GRPO step: sample, score, advantage, update. `draw(pos)` gives the step's r.prompts problems at position
-    `pos` of the stage's order. Returns what it did over every group sampled, or None when a stop was requested
-    during sampling or a reward function (the rollout is discarded: the last complete step is what gets saved)."""
+def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
+    """One GRPO step of `stage` from `p`: sample, score, advantage, update. `draw(pos)` gives the step's
+    stage.prompts_per_step problems at position `pos` of the stage's order. Returns what it did over every group
+    sampled, or None when a stop was requested during sampling or a reward function (the rollout is discarded: the
+    last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
-    t0 = time.time()
+    t0, n = time.time(), stage.prompts_per_step
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
-    # and reward (the whole batch); with dynamic sampling, again until r.prompts groups teach something
+    # and reward (the whole batch); with dynamic sampling, again until n groups teach something
     drawn, parts = 0, []
     while True:
         t = time.time()
-        part = sample(r, draw(r.data_pos + drawn)[r.world.rank::r.world.size])
-        drawn += r.prompts
+        part = sample(r, draw(p.data_pos + drawn)[r.world.rank::r.world.size], stage.max_new_tokens)
+        drawn += n
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
             return None
@@ -144,8 +152,8 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | Non
         rollout = sum((p[0] for p in parts[1:]), parts[0][0])
         total = torch.cat([p[1] for p in parts])
         per_fn = {k: [v for p in parts for v in p[2][k]] for k in parts[0][2]}
-        keep = teaching(cfg, per_fn, r.dynamic_sampling_keep, r.prompts)
-        if len(keep) >= r.prompts or len(parts) >= max(1, cfg.dynamic_sampling):
+        keep = teaching(cfg, stage, per_fn)
+        if len(keep) >= n or len(parts) >= max(1, cfg.dynamic_sampling):
             break
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
     # ---------------------------------------------------------------- advantage (within each group)
@@ -154,17 +162,17 @@ def grpo_step(r: Run, ref, reward_fns, draw, stop: StopFlag) -> StepResult | Non
     adv = torch.zeros_like(total)  # a group left out by dynamic sampling is not trained: 0 in groups.jsonl
     if keep:
         adv[rows] = group_advantages(total[rows], g, cfg.scale_rewards)[0]
-    _warn_no_signal(r, per_fn, adv_stats["frac_zero_std"], r.log)
+    all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
-    upd = update(r, ref, rollout.groups(keep, g), adv[rows])
+    upd = update(r, ref, rollout.groups(keep, g), adv[rows], stage.max_new_tokens, p.micro_cap)
+    bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
-    r.step, r.stage_step, r.data_pos = r.step + 1, r.stage_step + 1, r.data_pos + drawn
-    record = _record(r, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))
+    record = _record(r, p, drawn, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))
     record |= {"sample_batches": len(parts), "groups": len(rollout.batch)}
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
-    return StepResult(record, rollout, total, per_fn, adv)
+    return StepResult(record, rollout, total, per_fn, adv, drawn, all_equal, bad, upd.micro_cap)
 
 
 def stop_agreed(r: Run, stop: StopFlag) -> bool:
@@ -202,14 +210,16 @@ def sampled_correct(cfg: TrainConfig, rollout: Rollout, per_fn: dict) -> list[bo
             for i, (a, v) in enumerate(zip(by_answer, judged, strict=True)) for ex in [rollout.batch[i // g]]]
 
 
-def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update, times) -> dict:
-    """The step's line of metrics.jsonl (TRL's names for the trackers are in trackers.TRL_NAMES)."""
+def _record(r: Run, p: Progress, drawn: int, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update,
+            times) -> dict:
+    """The line of metrics.jsonl of the step after `p` that drew `drawn` problems (TRL's names for the trackers are
+    in trackers.TRL_NAMES)."""
     cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
     n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
     trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
                   for i in upd.groups)
     return {
-        "step": r.step, "stage_step": r.stage_step, "loss": upd.sums["loss"], "reward": total.mean().item(),
+        "step": p.step + 1, "stage_step": p.stage_step + 1, "loss": upd.sums["loss"], "reward": total.mean().item(),
         **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
         "accuracy": sum(sampled_correct(cfg, rollout, per_fn)) / n,
         "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
@@ -221,23 +231,24 @@ def _record(r: Run, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd:
         "time_rollout": phases["rollout"], "time_scoring": phases["scoring"], "time_update": t3 - t2,
         "step_seconds": t3 - t0, "rollout_tok_s": c_tokens / max(phases["rollout"], 1e-9),
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
-        "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": r.data_pos,
+        "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": p.data_pos + drawn,
     }
 
 
-def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
+def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, log) -> int:
     """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
     for COLLAPSE_STEPS steps in a row (the update has nothing to push towards); then stop if `on_collapse: stop`,
     naming the newest weights known good: the checkpoint that sampled the last step with a signal (kept by the
-    rotation: checkpoint.mark_good), else the base model. A step with a signal marks the weights that sampled it."""
+    rotation: checkpoint.mark_good), else the base model. A step with a signal marks the weights that sampled it.
+    Returns the steps in a row without one, this step's included."""
     if all(math.isnan(v) for values in per_fn.values() for v in values):
-        log(f"warning: step {r.step + 1}: every reward function returned None or nan for every completion, so "
+        log(f"warning: step {p.step + 1}: every reward function returned None or nan for every completion, so "
             "nothing is learned: check the reward functions")
     if frac_zero_std < 1 and r.world.main:
-        checkpoint.mark_good(r.dir, r.step)
-    r.all_equal_steps = r.all_equal_steps + 1 if frac_zero_std == 1 else 0
-    if r.all_equal_steps != COLLAPSE_STEPS:
-        return
+        checkpoint.mark_good(r.dir, p.step)
+    all_equal = p.all_equal_steps + 1 if frac_zero_std == 1 else 0
+    if all_equal != COLLAPSE_STEPS:
+        return all_equal
     good = checkpoint.last_good(checkpoint.complete(r.dir / "checkpoints"))
     kept = (f"; {good[0]} holds the newest weights whose rollouts taught something (to go on from there, move the "
             "newer checkpoints aside and --resume)") if good else \
@@ -248,21 +259,22 @@ def _warn_no_signal(r: Run, per_fn: dict, frac_zero_std: float, log) -> None:
     if r.cfg.on_collapse == "stop":
         raise TrainingError(f"stopped (on_collapse: stop): {what}")
     log(f"warning: {what}")
+    return all_equal
 
 
-def log_groups(r: Run, stage: str, step: StepResult, tracker) -> None:
-    """Every group of the step, for inspection: prompt, G completions, rewards per function, advantages; and every
+def log_groups(r: Run, n: int, stage: str, step: StepResult, tracker) -> None:
+    """Every group of step `n`, for inspection: prompt, G completions, rewards per function, advantages; and every
     `log_completions_every` steps a table of them for the report_to trackers."""
-    g, (rollout, total, per_fn, adv) = r.cfg.num_generations, step[1:]
+    g, rollout, total, per_fn, adv = r.cfg.num_generations, step.rollout, step.total, step.per_fn, step.adv
     for i, ex in enumerate(rollout.batch):
         sl = slice(i * g, (i + 1) * g)
         append_jsonl(r.dir / "groups.jsonl", {
-            "step": r.step, "group": i, "stage": stage, "question": ex.question, "answer": ex.answer,
+            "step": n, "group": i, "stage": stage, "question": ex.question, "answer": ex.answer,
             "difficulty": ex.difficulty, "completions": rollout.texts[sl],
             "rewards": {k: v[sl] for k, v in per_fn.items()}, "total": total[sl].tolist(),
             "advantages": [round(a, 4) for a in adv[sl].tolist()], "zero_std": float(total[sl].std()) < 1e-6,
         })
-    if r.cfg.log_completions_every and r.step % r.cfg.log_completions_every == 0:
+    if r.cfg.log_completions_every and n % r.cfg.log_completions_every == 0:
         tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
                       [[rollout.batch[i // g].question, t, rollout.batch[i // g].answer, float(total[i]),
-                        float(adv[i])] for i, t in enumerate(rollout.texts)], r.step)
+                        float(adv[i])] for i, t in enumerate(rollout.texts)], n)

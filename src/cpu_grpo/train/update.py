@@ -14,7 +14,7 @@ import torch
 from ..data import tasks
 from ..engine.batching import auto_micro_rows, group_logprobs, micro_batches
 from .grpo import grpo_loss
-from .runstate import Run, TrainingError
+from .runstate import Progress, Run, TrainingError
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 EXPLODED = 1e4  # a gradient norm (before clipping) past which an update is said to have exploded
@@ -44,18 +44,21 @@ class Rollout:
 
 class Update(NamedTuple):
     """What one update did: loss sums over micro-batches, gradient norm, whether an optimizer step was taken (not
-    when no rank trained a group, or the gradient was not finite), micro-batch size, groups trained."""
+    when no rank trained a group, or the gradient was not finite), micro-batch size, groups trained, and the largest
+    micro-batch for the rest of the run (0: none; set after running out of memory)."""
 
     sums: dict
     grad_norm: float
     stepped: bool
     micro_batch: int = 0
     groups: list | tuple = ()  # of the rollout it was given
+    micro_cap: int = 0
 
 
-def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
-    """The policy-gradient update on the groups that teach something, in micro-batches; after running out of
-    memory before its first optimizer step, again at half the micro-batch (kept for the rest of the run)."""
+def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_cap: int = 0) -> Update:
+    """The policy-gradient update on the groups that teach something (completions of up to `limit` tokens), in
+    micro-batches of at most `micro_cap` sequences (0: no cap); after running out of memory before its first
+    optimizer step, again at half the micro-batch (the cap it returns for the rest of the run)."""
     cfg, g, world = r.cfg, r.cfg.num_generations, r.world
     skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
     groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
@@ -64,11 +67,11 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
     lengths = [len(c) for c in rollout.completions]
     mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
                                                  max(lengths, default=1), g)
-    mb = min(mb, r.micro_cap or mb)
+    mb = min(mb, micro_cap or mb)
     while True:
         try:
             fixed = _fixed_logprobs(r, ref, rollout, groups, mb)
-            first = _iteration(r, rollout, groups, bool(trained), adv, mb, fixed)
+            first = _iteration(r, rollout, groups, bool(trained), adv, mb, fixed, limit)
             break
         except (RuntimeError, MemoryError) as e:  # nothing was stepped yet: the same update, smaller pieces
             if mb <= 1 or not _out_of_memory(e):
@@ -76,15 +79,14 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor) -> Update:
         r.opt.zero_grad(set_to_none=True)
         r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
               f"with {mb // 2}")
-        mb = r.micro_cap = mb // 2
+        mb = micro_cap = mb // 2
     passes = [first]
     while len(passes) < cfg.num_iterations and passes[-1].stepped:  # a skipped step ends the update
-        passes.append(_iteration(r, rollout, groups, bool(trained), adv, mb, fixed))
+        passes.append(_iteration(r, rollout, groups, bool(trained), adv, mb, fixed, limit))
     sums = {k: sum(p.sums[k] for p in passes) / cfg.num_iterations for k in first.sums}
     summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
     sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
-    upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained)
-    _check_update(r, upd, bool(trained), r.log)
+    upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained, micro_cap)
     r.sched.step()
     r.sampler.refresh()
     return upd
@@ -108,14 +110,14 @@ def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -
 
 
 def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
-               fixed: dict) -> Update:
+               fixed: dict, limit: int) -> Update:
     """One optimizer step over micro-batches of `mb` sequences of this rank's `groups`: the loss's gradient, summed
     over the ranks when any rank trained a group, EWC, clipping, the step (never one with a non-finite gradient).
     Returns this pass's loss sums (this rank's), its gradient norm and whether it stepped."""
     cfg, model, g = r.cfg, r.model, r.cfg.num_generations
     prompts, completions = rollout.prompts, rollout.completions
     lengths = [len(c) for c in completions]
-    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": r.limit}
+    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": limit}
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     r.opt.zero_grad(set_to_none=True)
     for part, samples in micro_batches(groups, g, mb, lengths):
@@ -146,27 +148,28 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     return Update(sums, float(grad_norm), True)
 
 
-def _check_update(r: Run, upd: Update, trained: bool, log) -> None:
-    """A non-finite gradient skipped the update (the weights are as they were): say so, and stop the run after
-    BAD_STEPS such steps in a row. A finite gradient that exploded (a norm over EXPLODED that the EWC penalty does
-    not explain) or vanished (exactly 0 where groups were trained, with a non-zero loss: saturated weights) is said
-    in one line, since the weights may be wrecked though every number is finite."""
-    grad_norm, loss = upd.grad_norm, upd.sums["loss"]
+def check_update(r: Run, p: Progress, upd: Update, log) -> int:
+    """A non-finite gradient skipped the update of the step after `p` (the weights are as they were): say so, and
+    stop the run after BAD_STEPS such steps in a row. A finite gradient that exploded (a norm over EXPLODED that the
+    EWC penalty does not explain) or vanished (exactly 0 where groups were trained, with a non-zero loss: saturated
+    weights) is said in one line, since the weights may be wrecked though every number is finite. Returns the
+    updates skipped in a row, this one included."""
+    grad_norm, loss, trained = upd.grad_norm, upd.sums["loss"], bool(upd.groups)
     if not math.isfinite(grad_norm):
-        r.bad_steps += 1
-        log(f"step {r.step + 1}: the gradient is not finite (loss {loss}): update skipped")
-        if r.bad_steps >= BAD_STEPS:
+        bad = p.bad_steps + 1
+        log(f"step {p.step + 1}: the gradient is not finite (loss {loss}): update skipped")
+        if bad >= BAD_STEPS:
             raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
                                 f"check --temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold "
                                 "the last finite weights")
-        return
-    r.bad_steps = 0
+        return bad
     if grad_norm > EXPLODED and upd.sums["ewc_grad_norm"] < grad_norm / 2:
-        log(f"warning: step {r.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {r.cfg.max_grad_norm}): "
+        log(f"warning: step {p.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {r.cfg.max_grad_norm}): "
             "the update exploded; if the rewards fall from here, lower --learning-rate")
     elif grad_norm == 0 and trained and loss != 0:
-        log(f"warning: step {r.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
+        log(f"warning: step {p.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
             "saturated by an earlier update; lower --learning-rate")
+    return 0
 
 
 def _out_of_memory(e: BaseException) -> bool:
