@@ -49,7 +49,7 @@ cores=$(nproc)
 pids=() watchdog=""
 cleanup() {
   set +e
-  [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
+  [[ -z $watchdog ]] || kill -- "-$watchdog" 2>/dev/null
   for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
   for i in $(seq 0 $((hosts - 1))); do
     for pid in $(ip netns pids "${prefix}h$i" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
@@ -128,8 +128,9 @@ for i in $(seq 0 $((hosts - 1))); do
   pids+=("$!")
 done
 if (( timeout > 0 )); then
-  ( sleep "$timeout"; echo "netns.sh: --timeout $timeout s: killing every host" >&2
-    for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done ) &
+  # in its own process group, so that cleanup ends its sleep too (a sleep left behind holds our stdout open)
+  setsid bash -c 'sleep "$1"; echo "netns.sh: --timeout $1 s: killing every host" >&2; shift
+    for pid; do kill -KILL -- "-$pid" 2>/dev/null; done' _ "$timeout" "${pids[@]}" &
   watchdog=$!
 fi
 rc=0

@@ -1,7 +1,8 @@
 """Data-parallel training across simulated hosts on real links (bench/netns.sh: network namespaces, veth, a bridge,
 tc), the faults a network brings, each ending in one sentence that names the rank and says what to do:
 
-- a host's link cut mid-run: rank 0 names rank 1 within ddp_timeout; the run resumes on one host;
+- a host's link cut mid-run: rank 0 names rank 1 within ddp_timeout, and rank 1 names rank 0 and its store; the
+  run resumes on one host;
 - a link that loses 5% of its packets: TCP retransmits, the run completes;
 - a host that never joins: torchrun's rendezvous times out within join_timeout (its traceback: no rank started);
 - a host killed while its rank writes a checkpoint: the other rank names it; the last complete checkpoint is intact
@@ -110,10 +111,13 @@ def test_a_cut_link_is_one_sentence_naming_the_host_and_the_run_resumes_on_fewer
         hosts.wait_for(lambda: steps_done(out) >= 2, 60)
         subprocess.run(["ip", "link", "set", f"{hosts.prefix}b1", "down"], check=True)
         seconds = hosts.wait_for(lambda: "rank 0: rank 1 stopped answering" in hosts.text(), 30)
+        # behind the cut link, rank 1 times out too, and cannot reach the store on host 0 either: 8 s later
+        hosts.wait_for(lambda: "rank 1: rank 0 and the rendezvous store" in hosts.text(), 20)
     finally:
         hosts.stop()
     said = sentence(hosts.text(), "rank 0: rank 1 stopped answering")
     assert seconds < 10 + 10 and "--resume" in said, said  # ddp_timeout, then ~2 s to agree on who is gone
+    assert "--resume" in sentence(hosts.text(), "rank 1: rank 0 and the rendezvous store")
     done = steps_done(out)
     p = alone(out, fields(tiny_model, out, reward_file, steps=done + 1, resume=True))
     assert p.returncode == 0, p.stderr[-3000:]

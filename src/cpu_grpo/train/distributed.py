@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -159,29 +160,36 @@ def lost_rank_message(world: World, e: BaseException) -> str:
     """One sentence for a collective that failed: which rank failed (with its message) or stopped answering, and
     how to go on."""
     time.sleep(0.5)  # a rank that failed by itself records its error before its connection closes
-    errors, answering, store_lost = {}, set(), False
-    try:
-        store = _store()
-        store.set_timeout(datetime.timedelta(seconds=5))  # a store behind a cut link: not another ddp_timeout
-        store.set(f"cpu_grpo/lost/{world.rank}", "1")
-        time.sleep(1.5)  # the ranks still alive fail their collective too, and say so here
-        for r in range(world.size):
-            if store.check([f"cpu_grpo/error/{r}"]):
-                errors[r] = store.get(f"cpu_grpo/error/{r}").decode()
-            if store.check([f"cpu_grpo/lost/{r}"]):
-                answering.add(r)
-    except Exception:
-        store_lost = True
-    then = "; the run stopped on every rank: run the same command again with --resume (on fewer machines too)"
-    if errors:
-        r, msg = next(iter(errors.items()))
-        return f"rank {world.rank}: rank {r} failed ({msg}){then}"
-    if store_lost:  # torchrun keeps the store on the machine of rank 0 (the rendezvous endpoint)
+    errors, answering, asked = {}, set(), []
+
+    def ask() -> None:
+        try:
+            store = _store()
+            store.set(f"cpu_grpo/lost/{world.rank}", "1")
+            time.sleep(1.5)  # the ranks still alive fail their collective too, and say so here
+            for r in range(world.size):
+                if store.check([f"cpu_grpo/error/{r}"]):
+                    errors[r] = store.get(f"cpu_grpo/error/{r}").decode()
+                if store.check([f"cpu_grpo/lost/{r}"]):
+                    answering.add(r)
+            asked.append(True)
+        except Exception:  # the store is gone with its machine
+            pass
+
+    # a store behind a cut link never answers (its socket waits for TCP to give up, minutes): ask in a thread
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(8.0)
+    if not asked:  # torchrun keeps the store on the machine of rank 0 (the rendezvous endpoint)
         where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
         return (f"rank {world.rank}: rank 0 and the rendezvous store at {where} stopped answering (that machine "
                 f"stopped, or the network link between them is down; {_first_line(e)}); the run stopped: run the "
                 "same command again with --resume once that machine and its link are back, or on the machines "
                 "left with one of them as the rendezvous endpoint")
+    then = "; the run stopped on every rank: run the same command again with --resume (on fewer machines too)"
+    if errors:
+        r, msg = next(iter(errors.items()))
+        return f"rank {world.rank}: rank {r} failed ({msg}){then}"
     silent = sorted(set(range(world.size)) - answering - {world.rank})
     who = f"rank {', '.join(map(str, silent))}" if silent and len(answering) > 0 else "another rank"
     return (f"rank {world.rank}: {who} stopped answering (killed, out of memory, its network link down, or hung "
