@@ -26,10 +26,11 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/cpu-grpo demo
 
-# the full suite, what CI runs; as root (CI) it installs Debian's chromium for the browser test, otherwise that
-# test is skipped with the command to install it
+# the full suite, what CI runs; as root (CI) it installs Debian's chromium for the browser test and nftables for
+# the lossy-link test (tests/train/test_netns.py), otherwise those tests are skipped with the command to install them
 test: install
 	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
+	command -v nft >/dev/null || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends nftables' || echo "note: nftables not installed: the lossy-link test is skipped"
 	$(BIN)/python -m pytest
 	$(BIN)/ruff check src tests bench experiments examples
 
