@@ -1,4 +1,5 @@
-"""A run's parts: its directory, model, sampler, optimizer and progress; built fresh or from a checkpoint."""
+"""A run's parts (Run: its directory, model, sampler, optimizer) and where it is (Progress); built fresh or from a
+checkpoint."""
 
 from __future__ import annotations
 
