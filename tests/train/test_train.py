@@ -356,6 +356,21 @@ def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives
         tiny_cfg(tiny_model, out, fading, on_collapse="halt")
 
 
+def test_a_task_learned_is_said_so_and_not_stopped_as_a_collapse(tiny_model, tmp_path):
+    """Every sample right for five steps (all groups all-equal at the top): one note that the problems are learned,
+    not the collapse warning's advice, and on_collapse: stop does not stop the run."""
+    right = tmp_path / "right.py"
+    right.write_text("def always_right(completions, **kw):\n    return [1.0] * len(completions)\n")
+    out, lines = tmp_path / "run", []
+    fn = f"{right}:always_right"
+    train(tiny_cfg(tiny_model, out, right, eval_size=0, steps=6, save_every=0, rewards=[fn], correct_reward=fn,
+                   on_collapse="stop"), log=lines.append)
+    text = "\n".join(map(str, lines))
+    assert text.count("for 5 steps every sample was right") == 1
+    assert "rewards were all equal" not in text
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
 def test_an_update_that_explodes_or_vanishes_but_stays_finite_is_said(tiny_model, tmp_path, reward_file, monkeypatch):
     """A gradient norm of 5e5 (finite: the update goes through) and then exactly 0 with a non-zero loss each get a
     warning line; a collapse after a wrecking update names the base model when no checkpoint is known good."""

@@ -162,7 +162,8 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     adv = torch.zeros_like(total)  # a group left out by dynamic sampling is not trained: 0 in groups.jsonl
     if keep:
         adv[rows] = group_advantages(total[rows], g, cfg.scale_rewards)[0]
-    all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], r.log)
+    solved = all(sampled_correct(cfg, rollout, per_fn))
+    all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], solved, r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
     upd = update(r, ref, rollout.groups(keep, g), adv[rows], stage.max_new_tokens, p.micro_cap)
@@ -235,11 +236,12 @@ def _record(r: Run, p: Progress, drawn: int, rollout: Rollout, total, per_fn: di
     }
 
 
-def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, log) -> int:
+def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, solved: bool, log) -> int:
     """Say so when a step can teach nothing: no reward function scored anything, or every group has been all-equal
     for COLLAPSE_STEPS steps in a row (the update has nothing to push towards); then stop if `on_collapse: stop`,
     naming the newest weights known good: the checkpoint that sampled the last step with a signal (kept by the
     rotation: checkpoint.mark_good), else the base model. A step with a signal marks the weights that sampled it.
+    When every sample of the step was right (`solved`) the task is learned, not lost: say that, and go on.
     Returns the steps in a row without one, this step's included."""
     if all(math.isnan(v) for values in per_fn.values() for v in values):
         log(f"warning: step {p.step + 1}: every reward function returned None or nan for every completion, so "
@@ -248,6 +250,10 @@ def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, log
         checkpoint.mark_good(r.dir, p.step)
     all_equal = p.all_equal_steps + 1 if frac_zero_std == 1 else 0
     if all_equal != COLLAPSE_STEPS:
+        return all_equal
+    if solved:
+        log(f"note: for {COLLAPSE_STEPS} steps every sample was right, so these problems teach nothing more: the "
+            "model has learned them; stop here (the newest checkpoint holds it) or give it harder ones")
         return all_equal
     good = checkpoint.last_good(checkpoint.complete(r.dir / "checkpoints"))
     kept = (f"; {good[0]} holds the newest weights whose rollouts taught something (to go on from there, move the "
