@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py                       # SmolLM2-135M, default grid
     .venv/bin/python bench/engine.py --grid 4x8x128 8x8x96  # prompts x samples x new tokens
+    .venv/bin/python bench/engine.py --workload default    # the default profile's job (below)
 
 The bf16 matmul peak and the memory bandwidth are measured in the same run (planner.Machine), and each phase is
 reported as a fraction of its limit (issue 13), the time it would take at the machine's limits:
@@ -22,13 +23,15 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
+from cpu_grpo import config
 from cpu_grpo.config import TrainConfig
 from cpu_grpo.data import tasks
 from cpu_grpo.engine.batching import group_logprobs
 from cpu_grpo.engine.models import load_model, set_threads
 from cpu_grpo.engine.rollout import Sampler, Sampling, encode_prompts, stop_ids
-from cpu_grpo.machine.allocator import keep_freed_memory
+from cpu_grpo.machine.allocator import keep_freed_memory, peak_rss_mb
 from cpu_grpo.machine.doctor import matmul_gflops
 from cpu_grpo.machine.planner import Machine, Shapes
 
@@ -68,14 +71,15 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def limits(shapes: Shapes, machine: Machine, prompts: list[list[int]], comps: list[list[int]]) -> tuple:
+def limits(shapes: Shapes, machine: Machine, prompts: list[list[int]], comps: list[list[int]],
+           lora: bool = False) -> tuple:
     """Seconds of the rollout and of the update at the machine's limits (the module docstring says how)."""
     peak, bw, mp = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9, shapes.matmul_params
     prompt_tokens = sum(len(p) for p in prompts)
     decode = sum(max(2 * mp * sum(len(c) > s for c in comps) / peak, 2 * mp / bw)
                  for s in range(max(len(c) for c in comps)))
     rollout = 2 * mp * prompt_tokens / peak + decode
-    update = 6 * mp * (prompt_tokens + sum(len(c) for c in comps)) / peak
+    update = (4 if lora else 6) * mp * (prompt_tokens + sum(len(c) for c in comps)) / peak
     return rollout, update
 
 
@@ -113,20 +117,85 @@ def bench_cell(model, tok, sampler, machine: Machine, b: int, g: int, new: int, 
                                                                                "update_of_limit", "step_of_limit"))}}
 
 
+def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = "") -> list[dict]:
+    """The default profile's job, cell by cell (prompts x samples x new tokens): rollout and update as a run does
+    them, the first repetition a warm-up. `setup`: config fields changed (`k=v,k=v`), and `lora_rollout=merged`
+    to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged."""
+    from cpu_grpo.train import runstate, update
+
+    fields = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in setup.split(",") if kv)}
+    merged = fields.pop("lora_rollout", "") == "merged"
+    base = {"output_dir": "/tmp/bench-engine-default", "learning_rate": 1e-9, **fields}  # the work, not the learning
+    cfg = config.build("default", None, base)
+    run, ref, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
+    if merged:
+        run.sampler = Sampler(run.model, copy=True)
+    shapes = Shapes.of(run.model.config)
+    problems = tasks.generate("intermediate", 200, seed=7)
+    out = []
+    for cell in cells:
+        b, g, new = map(int, cell.split("x"))
+        run.cfg = cfg = config.build("default", None, {**base, "num_generations": g})
+        roll, train, frac, mbs = [], [], [], []
+        for r in range(reps + 1):
+            batch = problems[r * b:(r + 1) * b]
+            prompts = encode_prompts(run.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
+            gen = torch.Generator().manual_seed(r)
+            t = time.perf_counter()
+            comps = run.sampler.generate(prompts, g, run.sampling(new), gen)
+            t_roll = time.perf_counter() - t
+            rollout = update.Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps))
+            adv = torch.randn(len(comps), generator=gen)
+            t = time.perf_counter()
+            upd = update.update(run, ref, rollout, adv, new)
+            t_train = time.perf_counter() - t
+            if r:
+                lim_roll, lim_train = limits(shapes, machine, prompts, comps, lora=cfg.use_lora)
+                n_comp = sum(len(c) for c in comps)
+                roll.append(n_comp / t_roll)
+                train.append((sum(len(p) * g for p in prompts) + n_comp) / t_train)
+                frac.append((lim_roll / t_roll, lim_train / t_train, (lim_roll + lim_train) / (t_roll + t_train)))
+                mbs.append(upd.micro_batch)
+        out.append({"setup": setup or "as-is", "cell": cell, "rollout_tok_s": statistics.median(roll),
+                    "train_tok_s": statistics.median(train), "micro_batch": mbs[-1],
+                    **{k: statistics.median(f[i] for f in frac)
+                       for i, k in enumerate(("rollout_of_limit", "update_of_limit", "step_of_limit"))}})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--grid", nargs="+", default=["4x8x128", "8x8x96", "2x16x128"])
+    ap.add_argument("--workload", choices=["engine", "default"], default="engine",
+                    help="engine: --model, full fine-tuning, basic problems; default: the default profile's job")
+    ap.add_argument("--grid", nargs="+", default=None)
+    ap.add_argument("--setups", nargs="+", default=[""],
+                    help="--workload default: one run of the grid per setup, e.g. '' micro_batch_size=4 "
+                         "lora_rollout=merged (bench_default)")
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     threads = set_threads()
     keep_freed_memory()
     peak16, peak32 = matmul_gflops(torch.bfloat16, 2.0, n=2048), matmul_gflops(torch.float32, 2.0, n=2048)
     machine = Machine(peak16, Machine.measure(1.0).bandwidth_gbs)  # the peak of large square matmuls
+    if args.workload == "default":
+        print(f"threads {threads}; matmul peak: bf16 {peak16:.0f} GFLOP/s; memory copy {machine.bandwidth_gbs:.0f} "
+              f"GB/s\n")
+        print("| setup | prompts x samples x new tokens | rollout tok/s | training tok/s | micro-batch | "
+              "rollout of its limit | update of its limit | step of its limit |")
+        print("|---|---|---|---|---|---|---|---|", flush=True)
+        for setup in args.setups:  # each row as it is measured: a run cut short keeps what it has
+            for r in bench_default(machine, args.grid or ["8x8x256", "8x8x320"], args.reps, setup):
+                print(f"| {r['setup']} | {r['cell']} | {r['rollout_tok_s']:.0f} | {r['train_tok_s']:.0f} | "
+                      f"{r['micro_batch']} | {r['rollout_of_limit']:.0%} | {r['update_of_limit']:.0%} | "
+                      f"{r['step_of_limit']:.0%} |", flush=True)
+        print(f"\npeak RSS {peak_rss_mb():.0f} MB (of every setup)")
+        return
     model, tok = load_model(args.model, log=lambda *a: None)
     model.train()
     sampler = Sampler(model)
-    rows = [bench_cell(model, tok, sampler, machine, *map(int, cell.split("x")), args.reps) for cell in args.grid]
+    grid = args.grid or ["4x8x128", "8x8x96", "2x16x128"]
+    rows = [bench_cell(model, tok, sampler, machine, *map(int, cell.split("x")), args.reps) for cell in grid]
     print(f"threads {threads}; matmul peak: bf16 {peak16:.0f} GFLOP/s, fp32 {peak32:.0f} GFLOP/s; memory copy "
           f"{machine.bandwidth_gbs:.0f} GB/s\n")
     print("| prompts x samples x new tokens | rollout tok/s | decode bound tok/s | of bound | training tok/s | "

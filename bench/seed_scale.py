@@ -6,8 +6,10 @@
 Each setup runs the training loop (`train()`) in its own process, so its peak RSS is its own: `lora` (adapters
 r=16 on every linear layer, the frozen base in bf16) and `full` (every weight, fp32 masters and AdamW state).
 Every completion runs to the full 256 tokens (end-of-sequence tokens are not stops here: the worst case for time
-and memory, and what "4 x 4 x 256" means), and the reward is a seeded pseudo-random number per completion, so no
-group is skipped for zero variance and every step runs a full update. The first step is left out of the s/step
+and memory, and what "4 x 4 x 256" means), and the reward is a seeded pseudo-random number per completion, scored
+although every completion is cut at the limit (`score_truncated`; a run's default scores a cut completion 0, which
+made every group all-equal and skipped, and the update 0 s), so no group is skipped for zero variance and every
+step runs a full update. The first step is left out of the s/step
 median. Prints one markdown table. Run on an otherwise idle machine.
 """
 
@@ -40,7 +42,8 @@ def child(args) -> dict:
         cfg = TrainConfig(model=args.model, task="basic", train_size=64, eval_size=0, steps=args.steps,
                           prompts_per_step=4, num_generations=4, max_new_tokens=256, learning_rate=1e-6,
                           rewards=[f"{Path(__file__).resolve()}:varied_reward"], reward_weights=[1.0],
-                          use_lora=args.child == "lora", save_every=0, output_dir=str(Path(tmp) / "run"), seed=0)
+                          use_lora=args.child == "lora", save_every=0, score_truncated=True,
+                          output_dir=str(Path(tmp) / "run"), seed=0)
         rows = read_jsonl(train(cfg, log=lambda *a: print(*a, file=sys.stderr)) / "metrics.jsonl")
     return {"setup": args.child, "rows": [{k: r[k] for k in ("step_seconds", "time_rollout", "time_update",
                                                                "completion_len", "rollout_tok_s", "peak_rss_mb")}
