@@ -54,10 +54,10 @@ def _row(label: str, quant: str, size: int, seconds: float, ref: list[dict], min
 def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
     src = source.find(run, log)
     shape, limit = (src.instruction, src.system), int(src.cfg.get("eval_max_new_tokens", 256))
-    examples = source.held_out(src, n)
+    examples, judge = source.held_out(src, n), source.judge(src, limit)
     model, tok = source.load(src, log)
     t0 = time.time()
-    ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log)
+    ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log, judge=judge)
     log(f"checkpoint: {_pct(ref)} in {time.time() - t0:.0f} s")
     label, rows = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", []
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,10 +66,11 @@ def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
             result = export(Request(spec=run, format="gguf", quant=quant, out=str(out), verify=False), log)
             gguf_size = next(v for k, v in result.files.items() if k.endswith(".gguf"))
             written, wtok = _load_gguf(out)
-            mine = verify.answers(written, wtok, wtok.chat_template, examples, shape, limit, log)
+            mine = verify.answers(written, wtok, wtok.chat_template, examples, shape, limit, log, judge=judge)
             rows.append(_row(label, quant, gguf_size, result.seconds, ref, mine))
             if i == 0:  # the same file asked the bare question through the checkpoint's own template
-                bare = verify.answers(written, wtok, tok.chat_template, examples, ("", src.system), limit, log)
+                bare = verify.answers(written, wtok, tok.chat_template, examples, ("", src.system), limit, log,
+                                      judge=judge)
                 rows.append(_row(label, f"{quant}, asked without the instruction", gguf_size, result.seconds, ref,
                                  bare))
             log(rows[-1])

@@ -140,6 +140,29 @@ def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_pa
     assert "McNemar" in (out / "export.md").read_text()
 
 
+def test_the_accuracy_check_judges_rows_of_your_own_task_by_their_correct_reward(tiny_model):
+    """A code row is right when the run's correct reward scores it 1, as the run's evaluation judges it, not by a
+    math answer read from its text (the export's check did that before: every code row counted wrong)."""
+    from cpu_grpo.data import generated
+    from cpu_grpo.engine.models import load_model
+    from cpu_grpo.eval.evaluate import Judge
+    from cpu_grpo.export import verify
+
+    model, tok = load_model(tiny_model, log=lambda *a: None)
+    rows = generated.generate_task("code", 3, seed=0, split="test")
+    seen = []
+
+    def right(completions, **kw):
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    judged = verify.answers(model, tok, tok.chat_template, rows, ("", ""), 4, log=lambda *a: None,
+                            judge=Judge(right, True))
+    assert [r["correct"] for r in judged] == [True] * 3 and seen == [r["completion"] for r in judged]
+    with pytest.raises(UserError, match="--correct-reward"):  # no reward to judge them by: said, not counted wrong
+        verify.answers(model, tok, tok.chat_template, rows, ("", ""), 4, log=lambda *a: None)
+
+
 def test_q4_0_writes_4_bit_blocks_and_8_bit_embeddings(runs, tmp_path):
     from gguf import GGUFReader
 

@@ -288,24 +288,29 @@ def test_a_stage_with_held_out_false_trains_but_is_not_evaluated(tiny_model, tmp
     assert read_jsonl(out / "stages.jsonl")[1]["validation_accuracy"] is not None
 
 
+def stopping_after(n: int, real):
+    """grpo_step that asks the run to stop (as Ctrl-C does) once step `n` is done."""
+
+    def step(r, p, stage, ref, reward_fns, draw, stop):
+        out = real(r, p, stage, ref, reward_fns, draw, stop)
+        if p.step + 1 == n and not stop.requested:
+            stop(None, None)
+        return out
+
+    return step
+
+
 def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(tiny_model, tmp_path, reward_file,
                                                                                monkeypatch):
     """basic at the run's constant 1e-3 for 2 steps; intermediate from 2e-3, linear over its 4 steps: 2e-3, 1.5e-3,
     1e-3, 5e-4 (factor 1 - k/4 at its k-th step). The run stops after step 4 and resumes. The logged lr is the
     next step's, as in transformers' Trainer: 1e-3, 1e-3, then 1.5e-3, 1e-3, 5e-4, 0."""
     real = train_mod.grpo_step
-
-    def stop_after_step_4(r, p, stage, ref, reward_fns, draw, stop):
-        out = real(r, p, stage, ref, reward_fns, draw, stop)
-        if p.step + 1 == 4 and not stop.requested:
-            stop(None, None)
-        return out
-
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, steps=6, ewc_lambda=0.0, eval_size=0, learning_rate=1e-3,
                     stages=["basic:2", {"name": "intermediate", "steps": 4, "learning_rate": 2e-3,
                                         "lr_scheduler": "linear"}])
-    monkeypatch.setattr(train_mod, "grpo_step", stop_after_step_4)
+    monkeypatch.setattr(train_mod, "grpo_step", stopping_after(4, real))
     train(cfg, log=lambda *a: None)
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
     monkeypatch.setattr(train_mod, "grpo_step", real)
@@ -333,17 +338,10 @@ def test_a_run_stopped_right_after_a_promotion_resumes_at_the_stage_end(tiny_mod
     monkeypatch.setattr(train_mod, "validation_accuracy",
                         lambda r, stage, val, n: 1.0 if stage.promote_at and n == 2 else None)
     real = train_mod.grpo_step
-
-    def stop_after_step_2(r, p, stage, ref, reward_fns, draw, stop):
-        out = real(r, p, stage, ref, reward_fns, draw, stop)
-        if p.step + 1 == 2 and not stop.requested:
-            stop(None, None)
-        return out
-
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, stages=[{"name": "basic", "steps": 4, "promote_at": 0.5},
                                                           "intermediate:2"], ewc_lambda=0.0, eval_size=0, save_every=0)
-    monkeypatch.setattr(train_mod, "grpo_step", stop_after_step_2)
+    monkeypatch.setattr(train_mod, "grpo_step", stopping_after(2, real))
     train(cfg, log=lambda *a: None)
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2] and not (out / "stages.jsonl").exists()
     assert checkpoint.load_state(checkpoint.latest(out))["progress"]["validation"] == 1.0

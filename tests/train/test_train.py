@@ -420,6 +420,31 @@ def test_dynamic_sampling_trains_only_groups_that_teach(tiny_model, tmp_path):
         assert m["frac_skipped"] == pytest.approx(1 - len(trained) / len(step))
 
 
+def test_dynamic_sampling_refills_only_the_missing_groups(tiny_model, tmp_path):
+    """With `dynamic_sampling_refill: missing`, a step draws its 3 prompts, then only as many as groups that teach
+    are still missing, up to 4 draws: the groups are the draws' sizes in order, the data order moves on by exactly
+    the prompts drawn, and the groups that teach (the first 3 found) are the ones trained."""
+    some = tmp_path / "some.py"
+    some.write_text(SOME_GROUPS)
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, some, eval_size=0, steps=4, prompts_per_step=3, dynamic_sampling=4,
+                   dynamic_sampling_refill="missing", rewards=[f"{some}:some_groups_reward"]), log=lambda *a: None)
+    metrics, groups = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "groups.jsonl")
+    assert [m["data_pos"] for m in metrics] == list(itertools.accumulate(m["groups"] for m in metrics))
+    assert max(m["sample_batches"] for m in metrics) > 1
+    for m in metrics:
+        step = [x for x in groups if x["step"] == m["step"]]
+        teaches = [len(x["question"]) % 2 == 1 for x in step]
+        sizes, pos = [3], 3  # each draw after the first: the groups still missing when it was drawn
+        while pos < len(step):
+            sizes.append(3 - sum(teaches[:pos]))
+            pos += sizes[-1]
+        assert pos == len(step) and len(sizes) == m["sample_batches"] <= 4
+        assert sum(teaches) >= 3 or m["sample_batches"] == 4
+        trained = [x for x in step if any(a != 0 for a in x["advantages"])]
+        assert trained == [x for x, t in zip(step, teaches, strict=True) if t][:3]
+
+
 def test_teaching_groups_are_the_first_whose_first_reward_varies():
     cfg = config.build(None, None, {"num_generations": 2, "prompts_per_step": 2, "dynamic_sampling": 2})
     per_fn = {"correctness": [1, 1, 0, 1, float("nan"), 0.0, 0, 1, 1, 0], "format": [0, 1] * 5}

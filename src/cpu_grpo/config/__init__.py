@@ -102,6 +102,9 @@ class TrainConfig:
                                   "are found; only those are trained (0: off, every group of one batch)")
     dynamic_sampling_keep: str = _f("first", "which varying groups dynamic sampling trains when it finds more than "
                                              "prompts_per_step: first (DAPO) | hardest (fewest right answers)")
+    dynamic_sampling_refill: str = _f("batch", "what dynamic sampling draws after the first batch: batch (DAPO: "
+                                               "prompts_per_step prompts again) | missing (as many prompts as groups "
+                                               "are still missing: fewer rollouts thrown away)")
     # -- optimisation
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
@@ -110,7 +113,7 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping by global norm (0: off)")
     micro_batch_size: int = _f(
         0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
-        "(0: from a 0.75 GB budget for activations)")
+        "(0: from a 2.5 GB budget for activations)")
     bf16: bool = _f(True, "bf16 rollouts and bf16 autocast in training, where the CPU supports it")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, slower")
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
@@ -161,6 +164,7 @@ class TrainConfig:
             (self.num_iterations >= 1, "num_iterations must be >= 1"),
             (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
             (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
+            (self.dynamic_sampling_refill in ("batch", "missing"), "dynamic_sampling_refill must be batch or missing"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping)"),

@@ -8,7 +8,7 @@ import torch
 
 from . import llama
 from .arch import dims
-from .logprobs import token_logprobs
+from .logprobs import KEEP_BYTES, token_logprobs
 from .rollout import left_pad
 
 
@@ -74,9 +74,9 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     norms (16 H), the bf16 inputs of the projections (4 H), q and k around the rotary embedding (6 q + 4 kv),
     the attention output (2 q), gate, up and their product (6 I); per completion row and layer, the prompt's
     keys and values repeated for the row and the attention probabilities; per completion token, the final norm
-    and the lm_head's input (10 H); the lm_head's softmax if it fits in 256 MB; qwen3's and gemma3's q/k norms
-    and Gemma's extra norms and GELU (measured on small models of each, tests/engine/test_architectures.py). It
-    reads 3-8% above the allocations measured on small models (tests/engine/test_batching.py) and on real shapes
+    and the lm_head's input (10 H); the lm_head's softmax if it fits in logprobs.KEEP_BYTES; qwen3's and gemma3's
+    q/k norms and Gemma's extra norms and GELU (measured on small models of each, tests/engine/test_architectures.py).
+    It reads 3-8% above the allocations measured on small models (tests/engine/test_batching.py) and on real shapes
     (bench/dev/activation_bytes.py, removed; at commit 289024d).
     Models off the llama fast path, and training without autocast, keep more.
     """
@@ -91,11 +91,18 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     seq = prompt_len + completion_len
     row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * n.heads * completion_len)
     prompt = prompt_len * token + layers * 2 * n.heads * prompt_len**2
-    probs = rows * completion_len * cfg.vocab_size * 2  # kept only when it fits (grpo.token_logprobs)
-    return rows * row + groups * prompt + (probs if probs <= 256 * 2**20 else 0)
+    probs = rows * completion_len * cfg.vocab_size * 2  # kept only when it fits (logprobs.token_logprobs)
+    return rows * row + groups * prompt + (probs if probs <= KEEP_BYTES else 0)
 
 
-def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int, budget: float = 0.75e9) -> int:
+# activation bytes a micro-batch may keep: the 0.5B Qwen trains 4 of its 8 samples at once at 256 tokens, 3 at 320
+# (16% faster than one at a time on 2 cores: its prompt runs 2-3 times a group, not 8; at 320 tokens its peak RSS
+# is ~8 GiB at 4; bench/README.md, issue 49), SmolLM2-135M whole groups
+MICRO_BUDGET = 2.5e9
+
+
+def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int,
+                    budget: float = MICRO_BUDGET) -> int:
     """Sequences per forward/backward so that the activations kept for the backward (`activation_bytes`) fit
     `budget` bytes (and a quarter of the free memory): micro_rows for this model."""
     import psutil
@@ -104,7 +111,7 @@ def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations
     return micro_rows(model.config, prompt_len, completion_len, num_generations, budget)
 
 
-def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = 0.75e9) -> int:
+def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = MICRO_BUDGET) -> int:
     """Whole groups while their activations fit `budget` bytes, else parts of a group (each part runs the prompt
     again: ~5% slower for halves on SmolLM2-135M, for half the activation memory)."""
     g = num_generations

@@ -66,7 +66,7 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
         examples = source.held_out(src, req.verify_n)
         limit = int(src.cfg.get("eval_max_new_tokens", 256))
         checks["accuracy"] = verify.accuracy_check(model, tok, written, written_tok, written_template, examples,
-                                                   shape, limit, log)
+                                                   shape, limit, log, source.judge(src, limit))
     _log(checks, log)
     return checks
 

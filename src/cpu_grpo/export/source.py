@@ -95,6 +95,14 @@ def held_out(src: Source, n: int) -> list:
     return [ex for s in sets for ex in s.examples[:share]][:n]
 
 
+def judge(src: Source, max_new_tokens: int):
+    """What "correct" means for the run's held-out problems, as its evaluation decides it (eval.evaluate.Judge)."""
+    from ..eval.evaluate import Judge
+
+    cfg = config_mod.build(None, None, {k: v for k, v in src.cfg.items() if k != "output_dir"})
+    return Judge.of(cfg.rewards, cfg.correct_reward, max_new_tokens, cfg.reward_timeout)
+
+
 def before_after(src: Source) -> str:
     """The run's before/after accuracy table (its summary.json), or a sentence saying there is none."""
     from ..eval.tables import accuracy_table

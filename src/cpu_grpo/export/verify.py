@@ -75,32 +75,38 @@ def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[
 
 
 def answers(model, tok, template: str | None, examples: list, shape: tuple[str, str], max_new_tokens: int,
-            log=print, batch: int = 50) -> list[dict]:
+            log=print, batch: int = 50, judge=None) -> list[dict]:
     """Greedy completions of the held-out problems, asked in the run's shape through `template`, each scored as
-    the run's evaluation scores it (eval.metrics: the answer after '####', boxed, ...)."""
+    the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math row by its answer after '####',
+    boxed, ...; a row of the run's own task by its correct reward)."""
     from ..engine.rollout import Sampler, Sampling, stop_ids
+    from ..eval.evaluate import Judge
     from ..eval.metrics import score_completion
+
+    judge = judge or Judge()
 
     sampler, greedy = Sampler(model), Sampling(max_new_tokens, stop_ids(tok, model), tok.pad_token_id, 0.0)
     records = []
     for i in range(0, len(examples), batch):
         part = examples[i:i + batch]
         outs = sampler.generate(prompt_ids(tok, [e.question for e in part], template, *shape), 1, greedy)
-        for ex, ids in zip(part, outs, strict=True):
-            text = tok.decode(ids, skip_special_tokens=True)
-            records.append({"id": ex.id, "completion": text,
-                            "correct": bool(score_completion(text, ex.answer, ex.solution, False)["correct"])})
+        texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
+        judged = judge.scores(part, texts, outs, log)
+        for ex, text, right in zip(part, texts, judged, strict=True):
+            records.append({"id": ex.id, "completion": text, "correct": bool(
+                score_completion(text, ex.answer, ex.solution, False)["correct"] if right is None else right)})
         log(f"  {len(records)}/{len(examples)}: {sum(r['correct'] for r in records) / len(records):.1%} right")
     return records
 
 
 def accuracy_check(ref, ref_tok, out, out_tok, out_template: str | None, examples: list, shape: tuple[str, str],
-                   max_new_tokens: int, log=print) -> dict:
-    """Greedy held-out accuracy of the checkpoint and the export on the same problems, paired."""
+                   max_new_tokens: int, log=print, judge=None) -> dict:
+    """Greedy held-out accuracy of the checkpoint and the export on the same problems, paired (judged as `answers`
+    says)."""
     log(f"evaluating the checkpoint on {len(examples)} held-out problems")
-    mine = answers(ref, ref_tok, ref_tok.chat_template, examples, shape, max_new_tokens, log)
+    mine = answers(ref, ref_tok, ref_tok.chat_template, examples, shape, max_new_tokens, log, judge=judge)
     log(f"evaluating the export on {len(examples)} held-out problems")
-    theirs = answers(out, out_tok, out_template, examples, shape, max_new_tokens, log)
+    theirs = answers(out, out_tok, out_template, examples, shape, max_new_tokens, log, judge=judge)
     before, after = [r["correct"] for r in mine], [r["correct"] for r in theirs]
     cmp = stats.paired_comparison(before, after)
     worse = cmp["p_value"] < 0.05 and sum(after) < sum(before)

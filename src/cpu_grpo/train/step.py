@@ -16,8 +16,9 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
 7. With `dynamic_sampling: N` (DAPO, Yu et al., 2025), a step samples up to N batches of prompts_per_step prompts
    until that many groups whose correctness differs within the group are found, and trains on those alone: a group
    whose samples are all right or all wrong teaches nothing about the answer (with format and length rewards it
-   would still teach those). Every group sampled is logged. `dynamic_sampling_keep: hardest` trains, of the groups
-   found, those with the fewest right answers (Kimi k1.5 samples problems by their failure rate).
+   would still teach those). `dynamic_sampling_refill: missing` draws, after the first batch, only as many prompts
+   as groups are still missing. Every group sampled is logged. `dynamic_sampling_keep: hardest` trains, of the
+   groups found, those with the fewest right answers (Kimi k1.5 samples problems by their failure rate).
 The run around the step (stages, evaluations, resume, stop, report) is train.py.
 """
 
@@ -87,6 +88,15 @@ def sample(r: Run, batch: list[tasks.Example], limit: int) -> Rollout:
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
 
+def refill_size(cfg: TrainConfig, n: int, found: int, ranks: int = 1) -> int:
+    """Prompts dynamic sampling draws next when `found` of the `n` groups it needs teach something: a whole batch
+    again (DAPO), or with `dynamic_sampling_refill: missing` the groups still missing (rounded up to a multiple of
+    the ranks, so that each rank samples as many)."""
+    if cfg.dynamic_sampling_refill == "batch":
+        return n
+    return min(n, -(-(n - found) // ranks) * ranks)
+
+
 def teaching(cfg: TrainConfig, stage: Stage, per_fn: dict[str, list[float]]) -> list[int]:
     """The groups the update trains on. With `dynamic_sampling` (DAPO), the stage's prompts_per_step groups whose
     first reward function (correctness by default) is not the same for every sample: the first ones, or with the
@@ -134,11 +144,12 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     t0, n = time.time(), stage.prompts_per_step
     # ---------------------------------------------------------------- sample (this rank's share of the groups)
     # and reward (the whole batch); with dynamic sampling, again until n groups teach something
-    drawn, parts = 0, []
+    drawn, parts, keep = 0, [], []
     while True:
         t = time.time()
-        part = sample(r, draw(p.data_pos + drawn)[r.world.rank::r.world.size], stage.max_new_tokens)
-        drawn += n
+        want = refill_size(cfg, n, len(keep), r.world.size) if parts else n
+        part = sample(r, draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], stage.max_new_tokens)
+        drawn += want
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
             return None
