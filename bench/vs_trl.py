@@ -3,14 +3,17 @@
     .venv-bench/bin/python bench/vs_trl.py                      # TRL "fast" setup vs ours (bench/requirements.txt)
     .venv-bench/bin/python bench/vs_trl.py --trl-setup both --out vs_trl.json
     .venv-bench/bin/python bench/vs_trl.py --workload demo      # the demo's shape: 8 x 8 x 96, temperature 0.7
+    .venv-bench/bin/python bench/vs_trl.py --workload lora      # the default profile's model with LoRA (peft)
     .venv-bench/bin/python bench/vs_trl.py --steps 2 --prompts 2 --generations 2 --max-new-tokens 16   # smoke run
 
 Each trainer runs in its own subprocess, so its peak RSS is its own; the child prints its numbers as JSON on its
 last stdout line. How the two are made to do the same work:
-1. The same model directory (`resolve_model`), fp32 master weights, full fine-tuning, AdamW at a constant learning
-   rate, gradient clipping at 1.0, beta 0 (no reference model), loss_type "dapo", group-std advantages,
-   rewards correctness + 0.2 * format (a completion cut at the limit scored like any other, as TRL does:
-   `score_truncated`), the workload's temperature with top-k and top-p off.
+1. The same model directory (`resolve_model`), fp32 master weights, full fine-tuning (with `--lora`, the
+   workload `lora`: LoRA r 16, alpha 32, no dropout, on every linear layer, as peft's LoraConfig in both; each
+   trainer loads the base as it does by default), AdamW at a constant learning rate, gradient clipping at 1.0,
+   beta 0 (no reference model), loss_type "dapo", group-std advantages, rewards correctness + 0.2 * format (a
+   completion cut at the limit scored like any other, as TRL does: `score_truncated`), the workload's temperature
+   with top-k and top-p off.
 2. The same prompts in every step: TRL gets the problems in the order our loop visits them (train.py's seeded
    randperm) with shuffle_dataset=False; the children report the questions of each step and the output says whether
    they matched.
@@ -43,12 +46,18 @@ SETUPS = {  # --trl-setup: what each TRL setup changes from the shared config
     "fast": {"bf16": True, "gradient_checkpointing": False},
     "default": {"bf16": False, "gradient_checkpointing": True},
 }
-WORKLOADS = {  # --workload: prompts, samples, new tokens, temperature, steps (warm-up included), learning rate
-    "default": dict(prompts=4, generations=8, max_new_tokens=128, temperature=1.0, steps=4, learning_rate=1e-6),
+WORKLOADS = {  # --workload: model, prompts, samples, new tokens, temperature, steps (warm-up included), learning rate
+    "default": dict(model="smollm2-135m", prompts=4, generations=8, max_new_tokens=128, temperature=1.0, steps=4,
+                    learning_rate=1e-6),
     # like `cpu-grpo demo`: a learning rate that learns, so groups whose rewards are all equal occur as in training
     # (ours skips them in the update, TRL runs them)
-    "demo": dict(prompts=8, generations=8, max_new_tokens=96, temperature=0.7, steps=11, learning_rate=2e-5),
+    "demo": dict(model="smollm2-135m", prompts=8, generations=8, max_new_tokens=96, temperature=0.7, steps=11,
+                 learning_rate=2e-5),
+    # the default profile's model and method: Qwen2.5-Coder-0.5B with LoRA at its learning rate (issue 49)
+    "lora": dict(model="qwen2.5-coder-0.5b", lora=True, prompts=4, generations=8, max_new_tokens=128,
+                 temperature=1.0, steps=3, learning_rate=1e-4),
 }
+LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 SETUP_TEXT = {"fast": "fast: bf16 autocast, no grad ckpt", "default": "default: fp32, grad ckpt",
               "ours": "bf16 rollouts + autocast, no grad ckpt"}
 
@@ -127,8 +136,13 @@ def run_trl(args) -> dict:
         questions: list[list[str]] = []
         correctness = _recording(rewards.correctness_reward, questions)
         timer = _step_timer()
+        peft = {}
+        if args.lora:
+            from peft import LoraConfig
+
+            peft = {"peft_config": LoraConfig(**LORA)}
         trainer = GRPOTrainer(model=args.model, reward_funcs=[correctness, rewards.format_reward], args=config,
-                              train_dataset=dataset, callbacks=[timer])
+                              train_dataset=dataset, callbacks=[timer], **peft)
         trainer.train()
         logs = [r for r in timer.logs if "completions/mean_length" in r]
         resolved = {k: _plain(getattr(config, k)) for k in kwargs if k != "output_dir"}
@@ -215,7 +229,8 @@ def run_ours(args) -> dict:
                           max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=0, top_p=1.0,
                           learning_rate=args.learning_rate, beta=0.0, loss_type="dapo", scale_rewards="group",
                           rewards=["correctness", "format"], reward_weights=REWARD_WEIGHTS, score_truncated=True,
-                          save_every=0, output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads)
+                          save_every=0, output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads,
+                          use_lora=bool(args.lora), lora_r=LORA["r"], lora_alpha=LORA["lora_alpha"])
         run = train(cfg, log=log)
         rows = read_jsonl(run / "metrics.jsonl")
         by_step: dict[int, set] = {}
@@ -249,7 +264,7 @@ def run_child(args, which: str, setup: str) -> dict | None:
            "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--learning-rate", str(args.learning_rate), "--train-size", str(args.train_size),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), *(["--lora"] if args.lora else [])]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
     log(f"\n==== {which} ({setup}) ====")
@@ -312,7 +327,8 @@ def same_prompts(results: list[dict]) -> bool:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m", help="alias, local HF directory or hub id (resolve_model)")
+    p.add_argument("--model", help="alias, local HF directory or hub id (resolve_model); default: the workload's")
+    p.add_argument("--lora", action="store_true", default=None, help="LoRA (r 16) instead of full fine-tuning")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="default",
                    help="the shape of the steps; the options below change it")
     p.add_argument("--prompts", type=int, help="prompts per step (B)")
@@ -334,6 +350,7 @@ def parse_args(argv=None):
     for k, v in WORKLOADS[args.workload].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    args.lora = bool(args.lora)
     args.train_size = args.train_size or max(64, args.steps * args.prompts)
     if args.steps <= args.warmup or args.warmup < 0:
         p.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup}): some steps must be measured")
@@ -369,7 +386,7 @@ def main(argv=None) -> int:
     trl_version = trl_runs[0]["trl_version"] if trl_runs else "?"
     print(f"\nGRPO on CPU, workload {args.workload}: {args.prompts} prompts x {args.generations} samples, <= "
           f"{args.max_new_tokens} new tokens, temperature {args.temperature}, lr {args.learning_rate}, {args.steps} "
-          f"steps ({args.warmup} warm-up left out), model {args.model}")
+          f"steps ({args.warmup} warm-up left out), model {args.model}{' with LoRA r 16' if args.lora else ''}")
     print(f"load average (1 min) before the runs: {load:.2f} on {os.cpu_count()} CPUs"
           + ("  WARNING: something else is using the CPU, the timings are not comparable" if load > 0.5 else ""))
     print()

@@ -163,6 +163,16 @@ def test_the_accuracy_check_judges_rows_of_your_own_task_by_their_correct_reward
         verify.answers(model, tok, tok.chat_template, rows, ("", ""), 4, log=lambda *a: None)
 
 
+def test_the_instruction_travels_only_where_the_run_appended_it(tmp_path):
+    """The run appends its instruction to math questions only (tasks.Example.chat): a code run's export is asked,
+    checked and templated without it, a math run's with it."""
+    from cpu_grpo.export.source import Source
+
+    asked = {task: Source(tmp_path, None, {"task": task, "instruction": INSTRUCTION}).instruction
+             for task in ("code", "countdown", "basic", "advanced+gsm8k")}
+    assert asked == {"code": "", "countdown": "", "basic": INSTRUCTION, "advanced+gsm8k": INSTRUCTION}
+
+
 def test_q4_0_writes_4_bit_blocks_and_8_bit_embeddings(runs, tmp_path):
     from gguf import GGUFReader
 

@@ -2,11 +2,12 @@
 
 A run directory means its newest checkpoint that loads (train.checkpoint.latest_good); a checkpoint directory
 (runs/<name>/checkpoints/step-NNNNNN) means itself. The run's train_config.yaml, saved in every checkpoint, holds
-the instruction appended to each question (rollout.encode_prompts): the prompt shape the model learned.
+the instruction appended to each math question (tasks.Example.chat): the prompt shape the model learned.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,13 @@ class Source:
     def lora(self) -> bool:
         return (self.checkpoint / "adapter_config.json").exists()
 
-    @property
+    @functools.cached_property
     def instruction(self) -> str:
-        return str(self.cfg.get("instruction", config_mod.TrainConfig.instruction))
+        """The instruction the run appended to each question: to math problems only (tasks.Example.chat), so that a
+        run of another task (code, countdown, your own rows judged by a reward) asked without it, and so does its
+        export."""
+        text = str(self.cfg.get("instruction", config_mod.TrainConfig.instruction))
+        return text if text and any(ex.math for ex in held_out(self, 4)) else ""
 
     @property
     def system(self) -> str:
