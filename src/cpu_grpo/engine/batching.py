@@ -96,8 +96,8 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
 
 
 # activation bytes a micro-batch may keep: the 0.5B Qwen trains 4 of its 8 samples at once at 256 tokens, 3 at 320
-# (16% faster than one at a time on 2 cores: its prompt runs 2-3 times a group, not 8; at 320 tokens its peak RSS
-# is ~8 GiB at 4; bench/README.md, issue 49), SmolLM2-135M whole groups
+# (16% faster than one at a time on 2 cores: its prompt runs 2-3 times a group, not 8; at 320 tokens 4 at once peak
+# at 8.15 GiB, 3 at 7.6: bench/README.md, issue 49), SmolLM2-135M whole groups
 MICRO_BUDGET = 2.5e9
 
 

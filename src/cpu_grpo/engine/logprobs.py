@@ -22,7 +22,7 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
     log p = log softmax[target]: relative precision, so a bf16 probability is within 0.4% (0.004 nats).
     The probabilities are kept for the backward (d logp / d logits = onehot(target) - softmax) while they
     take at most `keep_bytes`; beyond that the backward recomputes them (one more lm_head matmul). The
-    temperature divides the hidden states, not the (N, V) logits: (h / T) W^T = (h W^T) / T, a V/H-th of the work.
+    temperature divides the hidden states, not the (N, V) logits: (h / T) W^T = (h W^T) / T, in H/V of the divisions.
     """
     h = hidden.reshape(-1, hidden.shape[-1])  # (N*T, H)
     out = _ChunkedLogprob.apply(h, lm_head, targets.reshape(-1), temperature, chunk, keep_bytes)
