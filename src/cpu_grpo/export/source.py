@@ -36,6 +36,11 @@ class Source:
         return text if text and any(ex.math for ex in held_out(self, 4)) else ""
 
     @property
+    def fields(self) -> dict:
+        """The run's config fields, but where it wrote (an export builds configs from them, writing nowhere)."""
+        return {k: v for k, v in self.cfg.items() if k != "output_dir"}
+
+    @property
     def system(self) -> str:
         """The system prompt the run put first (config field system_prompt, where the config has it), or ""."""
         return str(self.cfg.get("system_prompt") or "")
@@ -94,8 +99,7 @@ def held_out(src: Source, n: int) -> list:
     problems first, then more of the same split, none ever trained on), in equal shares of its sets."""
     from ..train import curriculum
 
-    values = {k: v for k, v in src.cfg.items() if k != "output_dir"}
-    sets = curriculum.held_out(config_mod.build(None, None, {**values, "eval_size": max(1, n)}))
+    sets = curriculum.held_out(config_mod.build(None, None, {**src.fields, "eval_size": max(1, n)}))
     share = -(-n // max(1, len(sets)))
     return [ex for s in sets for ex in s.examples[:share]][:n]
 
@@ -104,7 +108,7 @@ def judge(src: Source, max_new_tokens: int):
     """What "correct" means for the run's held-out problems, as its evaluation decides it (eval.evaluate.Judge)."""
     from ..eval.evaluate import Judge
 
-    cfg = config_mod.build(None, None, {k: v for k, v in src.cfg.items() if k != "output_dir"})
+    cfg = config_mod.build(None, None, src.fields)
     return Judge.of(cfg.rewards, cfg.correct_reward, max_new_tokens, cfg.reward_timeout)
 
 
