@@ -65,6 +65,17 @@ def _anon_huge_mb() -> float:
                 float("nan"))
 
 
+def _reset_peak() -> float:
+    """Start this process's peak RSS (VmHWM) again from its RSS now (Linux: clear_refs 5); returns that RSS in MB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_mb("VmRSS")
+
+
+def _status_mb(key: str) -> float:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(key + ":"))
+    return int(line.split()[1]) / 1024
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -123,6 +134,7 @@ def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = ""
     to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged."""
     from cpu_grpo.train import runstate, update
 
+    start_mb = _reset_peak()
     fields = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in setup.split(",") if kv)}
     merged = fields.pop("lora_rollout", "") == "merged"
     base = {"output_dir": "/tmp/bench-engine-default", "learning_rate": 1e-9, **fields}  # the work, not the learning
@@ -157,7 +169,8 @@ def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = ""
                 frac.append((lim_roll / t_roll, lim_train / t_train, (lim_roll + lim_train) / (t_roll + t_train)))
                 mbs.append(upd.micro_batch)
         out.append({"setup": setup or "as-is", "cell": cell, "rollout_tok_s": statistics.median(roll),
-                    "train_tok_s": statistics.median(train), "micro_batch": mbs[-1],
+                    "train_tok_s": statistics.median(train), "micro_batch": mbs[-1], "dtype": str(run.sampler.dtype),
+                    "peak_mb": _status_mb("VmHWM"), "start_mb": start_mb,
                     **{k: statistics.median(f[i] for f in frac)
                        for i, k in enumerate(("rollout_of_limit", "update_of_limit", "step_of_limit"))}})
     return out
@@ -181,15 +194,18 @@ def main() -> None:
     if args.workload == "default":
         print(f"threads {threads}; matmul peak: bf16 {peak16:.0f} GFLOP/s; memory copy {machine.bandwidth_gbs:.0f} "
               f"GB/s\n")
-        print("| setup | prompts x samples x new tokens | rollout tok/s | training tok/s | micro-batch | "
-              "rollout of its limit | update of its limit | step of its limit |")
-        print("|---|---|---|---|---|---|---|---|", flush=True)
+        print("| setup | prompts x samples x new tokens | dtype | rollout tok/s | training tok/s | micro-batch | "
+              "rollout of its limit | update of its limit | step of its limit | peak RSS (from) |")
+        print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
         for setup in args.setups:  # each row as it is measured: a run cut short keeps what it has
             for r in bench_default(machine, args.grid or ["8x8x256", "8x8x320"], args.reps, setup):
-                print(f"| {r['setup']} | {r['cell']} | {r['rollout_tok_s']:.0f} | {r['train_tok_s']:.0f} | "
-                      f"{r['micro_batch']} | {r['rollout_of_limit']:.0%} | {r['update_of_limit']:.0%} | "
-                      f"{r['step_of_limit']:.0%} |", flush=True)
-        print(f"\npeak RSS {peak_rss_mb():.0f} MB (of every setup)")
+                print(f"| {r['setup']} | {r['cell']} | {r['dtype'][6:]} | {r['rollout_tok_s']:.0f} | "
+                      f"{r['train_tok_s']:.0f} | {r['micro_batch']} | {r['rollout_of_limit']:.0%} | "
+                      f"{r['update_of_limit']:.0%} | {r['step_of_limit']:.0%} | {r['peak_mb']:.0f} MB "
+                      f"({r['start_mb']:.0f}) |", flush=True)
+        print(f"\npeak RSS {peak_rss_mb():.0f} MB (of every setup); a row's peak counts from its setup's start "
+              f"(the RSS then in brackets: what earlier setups left); allocator: LD_PRELOAD="
+              f"{os.environ.get('LD_PRELOAD', 'none (glibc)')}")
         return
     model, tok = load_model(args.model, log=lambda *a: None)
     model.train()

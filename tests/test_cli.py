@@ -32,7 +32,9 @@ def test_a_bool_field_alone_means_true(monkeypatch):
     monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli._config_from(args)[0]) or 0)
     for argv in (["train", "--skip-bad-lines", "--use-lora"], ["train", "--skip-bad-lines", "true", "--use-lora", "1"]):
         main(argv + ["--bf16", "false"])
-    assert all(c.skip_bad_lines and c.use_lora and not c.bf16 for c in seen) and len(seen) == 2
+    main(["train", "--bf16"])
+    assert all(c.skip_bad_lines and c.use_lora and c.bf16 == "false" for c in seen[:2]) and len(seen) == 3
+    assert seen[2].bf16 == "true"
 
 
 def test_bad_config_is_one_sentence(capsys):

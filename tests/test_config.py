@@ -260,7 +260,7 @@ def test_cli_strings_are_coerced():
                            "rewards": "a,b", "reward_weights": "1,0.5", "model": "qwen2.5-0.5b"})
     assert cfg.steps == 8 and type(cfg.steps) is int
     assert cfg.learning_rate == 1e-5 and type(cfg.learning_rate) is float
-    assert cfg.bf16 is False and cfg.use_lora is True
+    assert cfg.bf16 == "false" and cfg.use_lora is True
     assert cfg.rewards == ["a", "b"]
     assert cfg.reward_weights == [1.0, 0.5] and all(type(w) is float for w in cfg.reward_weights)
     assert cfg.model == "qwen2.5-0.5b"
@@ -272,7 +272,17 @@ def test_cli_strings_are_coerced():
     (True, True), (False, False),
 ])
 def test_bool_coercion(text, expected):
-    assert coerce(FIELDS["bf16"], text) is expected
+    assert coerce(FIELDS["use_lora"], text) is expected
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("auto", "auto"), ("AUTO", "auto"), (True, "true"), ("yes", "true"), ("1", "true"), (False, "false"),
+    ("off", "false"),
+])
+def test_bf16_is_auto_or_a_bool(value, expected):
+    """bf16 takes HF's bool (YAML true, --bf16 false) or auto, the default: kept as one of three words."""
+    assert coerce(FIELDS["bf16"], value) == expected
+    assert build().bf16 == "auto"
 
 
 @pytest.mark.parametrize("name, value, expected", [
@@ -316,7 +326,7 @@ def test_yaml_file(tmp_path):
     assert load_file(path)["learning_rate"] == "1e-5"
     cfg = build(file=str(path))
     assert cfg.learning_rate == 1e-5 and cfg.rewards == ["correctness"] and cfg.reward_weights == [1.0]
-    assert cfg.bf16 is False
+    assert cfg.bf16 == "false"
 
 
 def test_json_file(tmp_path):

@@ -19,7 +19,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("config fields (override profile and file)")
     for f in fields(config_mod.TrainConfig):
         default = f.default if not callable(f.default_factory) else f.default_factory()
-        flag = {"nargs": "?", "const": "true"} if isinstance(default, bool) else {}  # --bf16 alone means true
+        alone = isinstance(default, bool) or "const" in f.metadata  # --use-lora, --bf16 alone mean true
+        flag = {"nargs": "?", "const": "true"} if alone else {}
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", default=None, metavar="X",
                            help=f"{f.metadata['help']} (default: {default})", **flag)
 
@@ -86,11 +87,13 @@ def cmd_eval(args) -> int:
         print("cpu-grpo: --samples must be >= 0, sampling needs --temperature > 0, and --max-new-tokens >= 1.",
               file=sys.stderr)
         return 2
+    import torch
+
     from .data.generated import GENERATED
     from .data.loaders import RowFormat, load_task
     from .data.rewards import check_columns
     from .data.tasks import levels_of
-    from .engine.models import load_model, set_threads
+    from .engine.models import bf16_wanted, load_model, set_threads
     from .engine.rollout import Sampler, Sampling, stop_ids
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
@@ -109,7 +112,8 @@ def cmd_eval(args) -> int:
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
     model, tok = load_model(args.model, args.trust_remote_code)
-    sampler, stops = Sampler(model), stop_ids(tok, model)
+    bf16 = bf16_wanted(str(trained["bf16"]).lower())  # as the run evaluated it (an old run's true: bf16)
+    sampler, stops = Sampler(model, dtype=torch.bfloat16 if bf16 else torch.float32), stop_ids(tok, model)
     instruction, system = ask["instruction"], ask["system_prompt"]
     if args.samples > 0:
         sampling = Sampling(args.max_new_tokens, stops, tok.pad_token_id, args.temperature)
@@ -135,14 +139,14 @@ def cmd_eval(args) -> int:
 
 
 def _trained_with(model: str) -> dict:
-    """The fields a checkpoint was trained with (its train_config.yaml) that say how to ask and judge it, else the
-    training defaults."""
+    """The fields a checkpoint was trained with (its train_config.yaml) that say how to ask, judge and run it, else
+    the training defaults."""
     from pathlib import Path
 
     saved = Path(model) / "train_config.yaml"
     mine = config_mod.load_file(saved) if saved.is_file() else {}
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
-              "reward_timeout")
+              "reward_timeout", "bf16")
     return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
             list(mine.get("rewards") or ["correctness"]) for k in fields}
 

@@ -7,25 +7,27 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from cpu_grpo.engine.batching import activation_bytes, auto_micro_rows, group_logprobs
 
 
-def kept_bytes(model, prompt_len: int, completion_len: int, rows: int) -> int:
+def kept_bytes(model, prompt_len: int, completion_len: int, rows: int, autocast: bool = True) -> int:
     """Net bytes allocated by one training forward: what it leaves alive for the backward (and its output)."""
     prompts = [list(range(10, 10 + prompt_len))]
     comps = [list(range(20, 20 + completion_len)) for _ in range(rows)]
     with torch.profiler.profile(profile_memory=True) as prof:
-        lp, _ = group_logprobs(model, prompts, comps, [0], rows, 0, 1.0, autocast=True)
+        lp, _ = group_logprobs(model, prompts, comps, [0], rows, 0, 1.0, autocast=autocast)
     del lp
     return sum(e.self_cpu_memory_usage for e in prof.key_averages())
 
 
+@pytest.mark.parametrize("autocast", [True, False])  # bf16 autocast, or training in fp32 (bf16: auto on some CPUs)
 @pytest.mark.parametrize("intermediate", [256, 1024])  # MLP 2x and 8x the hidden size (SmolLM2 2.7x, Qwen2.5 5.4x)
-def test_activation_estimate_tracks_what_the_forward_keeps(intermediate):
+def test_activation_estimate_tracks_what_the_forward_keeps(intermediate, autocast):
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=128, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)
     model = LlamaForCausalLM(cfg).train()
     p, t = 24, 48
-    measured = (kept_bytes(model, p, t, 6) - kept_bytes(model, p, t, 2)) / 4  # a row's worth
-    estimate = (activation_bytes(cfg, p, t, 6) - activation_bytes(cfg, p, t, 2)) / 4
+    measured = (kept_bytes(model, p, t, 6, autocast) - kept_bytes(model, p, t, 2, autocast)) / 4  # a row's worth
+    width = 2 if autocast else 4
+    estimate = (activation_bytes(cfg, p, t, 6, width=width) - activation_bytes(cfg, p, t, 2, width=width)) / 4
     assert estimate == pytest.approx(measured, rel=0.1)  # it reads 3-6% high here
 
 

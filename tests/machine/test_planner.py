@@ -42,6 +42,20 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
     assert predict(long_eval, shapes, MACHINE).peak_gb > p.peak_gb  # an evaluation batch's KV cache is the peak
 
 
+def test_a_run_in_fp32_is_planned_at_the_fp32_peak_with_twice_the_bytes(tiny_model):
+    """bf16: auto computes in fp32 where fp32 matmuls clearly beat bf16 ones; the plan follows (engine.models)."""
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    cfg = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 0, "use_lora": True})
+    fast16, slow16 = Machine(500.0, 20.0, fp32_gflops=200.0), Machine(150.0, 20.0, fp32_gflops=300.0)
+    assert not fast16.fp32(cfg) and slow16.fp32(cfg) and MACHINE.fp32(cfg) is False  # fp32 not measured: bf16
+    assert Machine(150.0, 20.0, fp32_gflops=180.0).fp32(cfg) is False  # within the margin: bf16, half the memory
+    forced = config.build(None, None, {**cfg.to_dict(), "bf16": "true"})
+    assert not slow16.fp32(forced) and Machine(500.0, 20.0, 200.0, bf16_kernels=False).fp32(forced)
+    as16, as32 = predict(forced, shapes, slow16), predict(cfg, shapes, slow16)
+    assert as32.update_s < as16.update_s and as32.peak_gb > as16.peak_gb  # the fp32 peak, twice the bytes
+    assert as32.rollout_s >= as16.rollout_s  # decoding: no faster in fp32 (measured), more weight bytes a step
+
+
 def test_fit_budget_proposes_only_settings_that_fit(tiny_model):
     shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
     cfg = config.build(None, None, {"model": tiny_model, "steps": 30, "eval_size": 0, "max_new_tokens": 512})

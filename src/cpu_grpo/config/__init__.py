@@ -114,7 +114,9 @@ class TrainConfig:
     micro_batch_size: int = _f(
         0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
         "(0: from a 2.5 GB budget for activations)")
-    bf16: bool = _f(True, "bf16 rollouts and bf16 autocast in training, where the CPU supports it")
+    bf16: str = _f("auto", "bf16 rollouts and bf16 autocast in training: auto (where the CPU has bf16 kernels that "
+                           "beat its fp32 ones; probed at the start) | true (wherever it has bf16 kernels) | false",
+                   const="true")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, slower")
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
     lora_r: int = _f(16, "LoRA rank")
@@ -273,14 +275,18 @@ def coerce(f: dataclasses.Field, value):
                 return [x.strip() if isinstance(x, str) else x for x in items if not isinstance(x, str) or x.strip()]
             inner = float if "float" in kind else str
             return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
-        if kind == "bool":
+        if kind == "bool" or f.name == "bf16":  # bf16: a bool, as in HF's TrainingArguments, or auto (axolotl's)
             truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+            if f.name == "bf16" and str(value).lower() == "auto":
+                return "auto"
             if isinstance(value, bool) or str(value).lower() in truthy + falsy:
-                return value if isinstance(value, bool) else str(value).lower() in truthy
+                on = value if isinstance(value, bool) else str(value).lower() in truthy
+                return on if kind == "bool" else str(on).lower()
             raise ValueError(value)
         return {"int": int, "float": float, "str": str}[kind](value)
     except (ValueError, TypeError):
-        raise ConfigError(f"{f.name}: cannot read {value!r} as {kind}.") from None
+        raise ConfigError(f"{f.name}: cannot read {value!r} as {'auto, true or false' if f.name == 'bf16' else kind}."
+                          ) from None
 
 
 def save(cfg: TrainConfig, path: str | Path) -> None:

@@ -66,9 +66,10 @@ def micro_batches(groups: list[int], num_generations: int, rows: int, lengths: l
             yield (i,), tuple(order[lo:hi])
 
 
-def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, groups: int = 1) -> float:
+def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, groups: int = 1, width: int = 2) -> float:
     """Bytes the training forward (llama.group_forward under bf16 autocast, then token_logprobs) keeps for the
-    backward: `rows` completions of `completion_len` tokens from `groups` prompts of `prompt_len` tokens.
+    backward: `rows` completions of `completion_len` tokens from `groups` prompts of `prompt_len` tokens; `width`
+    is the bytes of a value the autocast dtype holds (2; 4 for training in fp32).
 
     Counted from what the code saves, per token and layer: the fp32 residual and its normalised copy at both
     norms (16 H), the bf16 inputs of the projections (4 H), q and k around the rotary embedding (6 q + 4 kv),
@@ -78,20 +79,21 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     q/k norms and Gemma's extra norms and GELU (measured on small models of each, tests/engine/test_architectures.py).
     It reads 3-8% above the allocations measured on small models (tests/engine/test_batching.py) and on real shapes
     (bench/dev/activation_bytes.py, removed; at commit 289024d).
-    Models off the llama fast path, and training without autocast, keep more.
+    Models off the llama fast path keep more.
     """
     n = dims(cfg)
     h, i, layers = n.hidden, n.ffn, n.layers
     q, kv = n.heads * n.head_dim, n.kv_heads * n.head_dim
     kind = getattr(cfg, "model_type", "")
-    extra = 6 * (q + kv) if kind in ("qwen3", "gemma3_text") else 0  # q/k norms: their input and fp32 output
+    b = width
+    extra = (4 + b) * (q + kv) if kind in ("qwen3", "gemma3_text") else 0  # q/k norms: their input, fp32 output
     if kind == "gemma3_text":  # the norms after attention and MLP, and GELU's output (SiLU's is recomputed)
-        extra += 20 * h + 2 * i
-    token = layers * (20 * h + 6 * i + 8 * q + 4 * kv + extra)
+        extra += (16 + 2 * b) * h + b * i
+    token = layers * (16 * h + 2 * b * h + 3 * b * i + 4 * b * q + 2 * b * kv + extra)
     seq = prompt_len + completion_len
-    row = completion_len * (token + 10 * h) + layers * seq * (4 * kv + 2 * n.heads * completion_len)
-    prompt = prompt_len * token + layers * 2 * n.heads * prompt_len**2
-    probs = rows * completion_len * cfg.vocab_size * 2  # kept only when it fits (logprobs.token_logprobs)
+    row = completion_len * (token + (8 + b) * h) + layers * seq * (2 * b * kv + b * n.heads * completion_len)
+    prompt = prompt_len * token + layers * b * n.heads * prompt_len**2
+    probs = rows * completion_len * cfg.vocab_size * b  # kept only when it fits (logprobs.token_logprobs)
     return rows * row + groups * prompt + (probs if probs <= KEEP_BYTES else 0)
 
 
@@ -102,25 +104,29 @@ MICRO_BUDGET = 2.5e9
 
 
 def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int,
-                    budget: float = MICRO_BUDGET) -> int:
+                    budget: float = MICRO_BUDGET, width: int = 2) -> int:
     """Sequences per forward/backward so that the activations kept for the backward (`activation_bytes`) fit
     `budget` bytes (and a quarter of the free memory): micro_rows for this model."""
     import psutil
 
     budget = min(psutil.virtual_memory().available * 0.25, budget)
-    return micro_rows(model.config, prompt_len, completion_len, num_generations, budget)
+    return micro_rows(model.config, prompt_len, completion_len, num_generations, budget, width)
 
 
-def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = MICRO_BUDGET) -> int:
+def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = MICRO_BUDGET,
+               width: int = 2) -> int:
     """Whole groups while their activations fit `budget` bytes, else parts of a group (each part runs the prompt
     again: ~5% slower for halves on SmolLM2-135M, for half the activation memory)."""
     g = num_generations
-    if activation_bytes(cfg, prompt_len, completion_len, g) <= budget:
+    def held(rows: int, groups: int = 1) -> float:
+        return activation_bytes(cfg, prompt_len, completion_len, rows, groups, width)
+
+    if held(g) <= budget:
         k = 1
-        while activation_bytes(cfg, prompt_len, completion_len, (k + 1) * g, k + 1) <= budget:
+        while held((k + 1) * g, k + 1) <= budget:
             k += 1
         return g * k
     rows = g - 1
-    while rows > 1 and activation_bytes(cfg, prompt_len, completion_len, rows) > budget:
+    while rows > 1 and held(rows) > budget:
         rows -= 1
     return rows

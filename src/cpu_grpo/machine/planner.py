@@ -1,8 +1,8 @@
 """`cpu-grpo plan`: seconds per step, peak memory and wall time of a run, predicted before it starts.
 
 From the model's shapes (its config.json alone, no weights), the run's config and this machine's measured speed
-(a bf16 matmul and a memory copy, about a second each). What a step costs, with every completion at the token
-limit (the worst case; `--completion-len` for another assumption):
+(bf16 and fp32 matmuls and a memory copy, about a second in all). What a step costs, with every completion at the
+token limit (the worst case; `--completion-len` for another assumption):
 
 - rollout: one prefill of each prompt, then one decode step per new token; a decode step reads every weight
   once (bytes / bandwidth) or multiplies them by the live rows (2 * params * rows FLOPs), whichever is slower,
@@ -14,6 +14,9 @@ limit (the worst case; `--completion-len` for another assumption):
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
   activations), the activations the backward keeps (batching.py) with a chunk of bf16 logits, and the process.
+A run computes in fp32 where its `bf16` setting says so (auto: where fp32 matmuls beat bf16 ones by
+engine.models.FP32_MARGIN): then its update at the fp32 peak (its own efficiency), its decoding at bf16's (one
+measurement: no faster), with every bf16 value above twice the bytes.
 The decode constants (`EFFICIENCY`) are fitted by least squares to the 8 configurations measured on 2026-11-24
 (bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
 a step and 12% for peak memory (bench/README.md, 2026-11-24).
@@ -38,6 +41,9 @@ EFFICIENCY = {
     "layer_overhead_s": 5.6e-4,  # per layer and decode step: Python, norms, small kernels
     "context_s": 8.1e-6,  # per layer, decode step and token in the cache: attention over it, its masks
     "train_flops": 0.45,  # forward and backward under bf16 autocast
+    # in fp32: the default profile's update ran 105 against 75 tok/s in bf16 where fp32's peak read 1.97x bf16's
+    # (one measurement, 2026-11-28, bench/README.md); its decoding ran no faster than bf16's (88 against 89 tok/s)
+    "train_flops_fp32": 0.32,
     "process_gb": 0.9,  # torch, transformers and the tokenizer, before any weight
 }
 PROMPT_TOKENS = 80  # a chat-formatted question with the instruction, typical of the built-in tasks
@@ -47,6 +53,19 @@ PROMPT_TOKENS = 80  # a chat-formatted question with the instruction, typical of
 class Machine:
     bf16_gflops: float
     bandwidth_gbs: float
+    fp32_gflops: float = 0.0  # 0: not measured (bf16 assumed)
+    bf16_kernels: bool = True  # oneDNN's bf16 kernels (engine.models.bf16_supported)
+
+    def fp32(self, cfg: TrainConfig) -> bool:
+        """Whether a run of `cfg` samples and trains in fp32 here: engine.models.bf16_wanted's rule on this probe."""
+        from ..engine.models import FP32_MARGIN
+
+        return cfg.bf16 == "false" or not self.bf16_kernels or \
+            cfg.bf16 == "auto" and self.fp32_gflops > FP32_MARGIN * self.bf16_gflops
+
+    def gflops(self, cfg: TrainConfig) -> float:
+        """The matmul peak of the dtype a run of `cfg` computes in here."""
+        return self.fp32_gflops if self.fp32(cfg) else self.bf16_gflops
 
     @classmethod
     def measure(cls, seconds: float = 1.0) -> Machine:
@@ -61,7 +80,10 @@ class Machine:
             t0 = time.perf_counter()
             y.copy_(x)
             best = min(best, time.perf_counter() - t0)
-        return cls(matmul_gflops(torch.bfloat16, seconds / 2), 2 * x.numel() / best / 1e9)  # read + write
+        from ..engine.models import bf16_supported
+
+        return cls(matmul_gflops(torch.bfloat16, seconds / 4), 2 * x.numel() / best / 1e9,  # read + write
+                   matmul_gflops(torch.float32, seconds / 4), bf16_supported())
 
 
 @dataclass
@@ -134,7 +156,7 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
     steps = max(1, sum(n for n, _, _ in stages))
     phases = [(n, _step_seconds(c, shapes, machine, t, prompt_len)) for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
-    peak = max(peak_gb(c, shapes, t, prompt_len) for _, t, c in stages)
+    peak = max(peak_gb(c, shapes, t, prompt_len, machine.fp32(cfg)) for _, t, c in stages)
     return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len),
                       shapes.fast)
 
@@ -144,13 +166,14 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
     rollout batch it may draw (the default profile drew two in 21 of 24 steps: results/LOG.md, 2026-11-25)."""
     e = EFFICIENCY
     rows = cfg.prompts_per_step * cfg.num_generations
-    flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
+    flops, bw = machine.gflops(cfg) * 1e9, machine.bandwidth_gbs * 1e9
+    train = e["train_flops_fp32"] if machine.fp32(cfg) else e["train_flops"]
     batches = max(1, cfg.dynamic_sampling)
-    rollout = batches * _decode_seconds(shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
+    rollout = batches * _decode_seconds(cfg, shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
     tokens = rows * t + cfg.prompts_per_step * prompt_len
     per_token = 4 if cfg.use_lora else 6
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
-    update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * e["train_flops"]) \
+    update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * train) \
         + 16 * trainable / bw  # AdamW reads and writes weights, gradients and two moments (fp32)
     if not shapes.fast:  # the generic transformers forward, slower by what bench/architectures.py measured
         from ..engine.arch import GENERIC_SLOWDOWN
@@ -159,34 +182,37 @@ def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, pr
     return rollout, update
 
 
-def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS) -> float:
-    """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory."""
+def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: int = PROMPT_TOKENS,
+            fp32: bool = False) -> float:
+    """Peak RSS: the process, the weights and optimizer state, and the larger of the two phases' working memory;
+    `fp32`: sampling and training in fp32 (Machine.fp32), whose values take twice the bytes."""
     from ..engine.arch import dims
     from ..engine.batching import activation_bytes, micro_rows
     from ..engine.rollout import PREFILL_TOKENS
 
-    p, c = shapes.params, shapes.config
+    p, c, b = shapes.params, shapes.config, 4 if fp32 else 2
     if cfg.use_lora:
-        weights = 2 * p + 16 * shapes.lora_params  # bf16 base (the sampler's too); fp32 adapters, grads, AdamW
+        weights = b * p + 16 * shapes.lora_params  # the base (the sampler's too); fp32 adapters, grads, AdamW
     else:
-        weights = 16 * p + 2 * p  # fp32 masters, gradients, AdamW moments; the sampler's bf16 copy
+        weights = 16 * p + b * p  # fp32 masters, gradients, AdamW moments; the sampler's copy
     if cfg.beta > 0:
         weights += 4 * p  # the frozen reference
     rows = cfg.prompts_per_step * cfg.num_generations
     size = dims(c)
-    kv_token = 2 * 2 * size.layers * size.kv_heads * size.head_dim  # bf16 keys and values of one token
+    kv_token = 2 * b * size.layers * size.kv_heads * size.head_dim  # keys and values of one token
 
     def prefill(prompts: int) -> int:  # a prefill call's MLP activations: gate and up, the activation, the product
-        return 2 * 4 * size.ffn * min(PREFILL_TOKENS, prompts * prompt_len)
+        return b * 4 * size.ffn * min(PREFILL_TOKENS, prompts * prompt_len)
 
     # a rollout's KV cache and prefill; an evaluation batch's, and its logits
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len) + prefill(cfg.prompts_per_step)
     for limit, _, n in eval_batches(cfg):
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + prefill(n) + 4 * shapes.vocab * n)
-    micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations))
-    activations = activation_bytes(c, prompt_len, completion_len, micro, max(1, micro // cfg.num_generations))
-    # a chunk of bf16 logits (at most 1024 positions, at most the micro-batch's), scaled by the temperature, softmax
-    logits = 2 * shapes.vocab * min(1024, micro * completion_len) * 3
+    micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations,
+                                                         width=b))
+    activations = activation_bytes(c, prompt_len, completion_len, micro, max(1, micro // cfg.num_generations), width=b)
+    # a chunk of logits (at most 1024 positions, at most the micro-batch's), scaled by the temperature, softmax
+    logits = b * shapes.vocab * min(1024, micro * completion_len) * 3
     return (EFFICIENCY["process_gb"] * 2**30 + weights + max(sampling, activations + logits)) / 2**30
 
 
@@ -201,17 +227,20 @@ def eval_batches(cfg: TrainConfig) -> list[tuple[int, int, int]]:
 def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
     """The greedy evaluations (eval_batches), every completion at its limit (an upper bound)."""
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
-    total = sum(batches * _decode_seconds(shapes, machine, rows, rows, limit, prompt_len)
+    total = sum(batches * _decode_seconds(cfg, shapes, machine, rows, rows, limit, prompt_len)
                 for limit, batches, rows in eval_batches(cfg))
     return evaluations * total
 
 
-def _decode_seconds(shapes: Shapes, machine: Machine, prompts: int, rows: int, t: int, prompt_len: int) -> float:
+def _decode_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompts: int, rows: int, t: int,
+                    prompt_len: int) -> float:
     """Prefill `prompts` prompts, then decode `rows` rows to `t` tokens each (none ends early)."""
     e = EFFICIENCY
-    flops, bw = machine.bf16_gflops * 1e9, machine.bandwidth_gbs * 1e9
+    # decoding in fp32 measured no faster than in bf16 (EFFICIENCY): bf16's peak where the CPU has the kernels
+    flops = (machine.bf16_gflops if machine.bf16_kernels else machine.fp32_gflops or machine.bf16_gflops) * 1e9
+    bw, width = machine.bandwidth_gbs * 1e9, 4 if machine.fp32(cfg) else 2
     prefill = 2 * shapes.matmul_params * prompt_len * prompts / (flops * e["train_flops"])
-    weights = max(2 * shapes.matmul_params / (bw * e["decode_bytes"]),  # bf16 weights read once a step
+    weights = max(width * shapes.matmul_params / (bw * e["decode_bytes"]),  # the weights read once a step
                   2 * shapes.matmul_params * rows / (flops * e["decode_flops"]))
     cache = shapes.layers * e["context_s"] * t * (prompt_len + t / 2)  # the cache holds prompt + t/2 on average
     seconds = prefill + t * (weights + shapes.layers * e["layer_overhead_s"]) + cache
@@ -234,7 +263,8 @@ def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> 
         f"{cfg.num_generations} samples x "
         f"{cfg.max_new_tokens} tokens{f' ({own})' if own else ''}, "
         f"{'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
-        f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, memory {machine.bandwidth_gbs:.0f} GB/s)",
+        f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, fp32 {machine.fp32_gflops:.0f}, memory "
+        f"{machine.bandwidth_gbs:.0f} GB/s{'; in fp32 here' if machine.fp32(cfg) else ''})",
         f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
         "every completion at the token limit; shorter completions are faster",
         *([f"              (the rollout: {cfg.dynamic_sampling} batches of prompts, the most dynamic sampling draws)"]

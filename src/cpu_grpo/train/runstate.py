@@ -14,7 +14,7 @@ import torch
 
 from ..config import TrainConfig
 from ..config.stages import Stage
-from ..engine.models import bf16_supported, load_model
+from ..engine.models import bf16_supported, bf16_wanted, load_model
 from ..engine.rollout import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError
 from ..rundir import cut_jsonl, read_jsonl
@@ -65,9 +65,9 @@ def lr_factor(cfg: TrainConfig, stage: Stage | None = None, start: int = 0):
     return factor
 
 
-def prepare_model(cfg: TrainConfig, log):
+def prepare_model(cfg: TrainConfig, log, bf16: bool):
     # LoRA: the frozen weights need no fp32 master (half the memory, no casts); loaded in bf16 straight away
-    low = cfg.use_lora and cfg.bf16 and bf16_supported()
+    low = cfg.use_lora and bf16
     model, tok = load_model(cfg.model, cfg.trust_remote_code, log=log, dtype=torch.bfloat16 if low else None)
     if cfg.use_lora:
         from peft import LoraConfig, get_peft_model
@@ -171,13 +171,16 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
     removed. Every rank builds its own; each samples with its own generator (rank 0's seed is the run's seed)."""
     if world.main:
         checkpoint.remove_partial(run_dir)
-    model, tok = prepare_model(cfg, log)
+    autocast = world.broadcast(bf16_wanted(cfg.bf16))  # rank 0's probe decides for all
+    if cfg.bf16 == "auto" and bf16_supported() and not autocast:
+        log("bf16 matmuls run slower than fp32 ones on this CPU: rollouts and training in fp32 (bf16: auto; "
+            "--bf16 true forces bf16)")
+    model, tok = prepare_model(cfg, log, autocast)
     ref = Sampler(model, dtype=torch.float32, copy=True).net if cfg.beta > 0 else None  # frozen base, before any resume
     if ckpt is not None:
         model = checkpoint.load_weights(model, ckpt)
     else:
         world.same_params(model)
-    autocast = cfg.bf16 and bf16_supported()
     opt, sched = make_optimizer(cfg, model)
     run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,
               sched, torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank), stop_ids(tok, model), autocast,

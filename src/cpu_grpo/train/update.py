@@ -66,7 +66,7 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
     trained = sorted(x for part in world.gather(groups) for x in part)  # every rank's
     lengths = [len(c) for c in rollout.completions]
     mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
-                                                 max(lengths, default=1), g)
+                                                 max(lengths, default=1), g, width=2 if r.autocast else 4)
     mb = min(mb, micro_cap or mb)
     while True:
         try:
