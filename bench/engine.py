@@ -31,7 +31,7 @@ from cpu_grpo.data import tasks
 from cpu_grpo.engine.batching import group_logprobs
 from cpu_grpo.engine.models import load_model, set_threads
 from cpu_grpo.engine.rollout import Sampler, Sampling, encode_prompts, stop_ids
-from cpu_grpo.machine.allocator import keep_freed_memory, peak_rss_mb
+from cpu_grpo.machine.allocator import keep_freed_memory
 from cpu_grpo.machine.doctor import matmul_gflops
 from cpu_grpo.machine.planner import Machine, Shapes
 
@@ -197,13 +197,15 @@ def main() -> None:
         print("| setup | prompts x samples x new tokens | dtype | rollout tok/s | training tok/s | micro-batch | "
               "rollout of its limit | update of its limit | step of its limit | peak RSS (from) |")
         print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        peaks = []
         for setup in args.setups:  # each row as it is measured: a run cut short keeps what it has
             for r in bench_default(machine, args.grid or ["8x8x256", "8x8x320"], args.reps, setup):
+                peaks.append(r["peak_mb"])
                 print(f"| {r['setup']} | {r['cell']} | {r['dtype'][6:]} | {r['rollout_tok_s']:.0f} | "
                       f"{r['train_tok_s']:.0f} | {r['micro_batch']} | {r['rollout_of_limit']:.0%} | "
                       f"{r['update_of_limit']:.0%} | {r['step_of_limit']:.0%} | {r['peak_mb']:.0f} MB "
                       f"({r['start_mb']:.0f}) |", flush=True)
-        print(f"\npeak RSS {peak_rss_mb():.0f} MB (of every setup); a row's peak counts from its setup's start "
+        print(f"\npeak RSS {max(peaks):.0f} MB (the largest row's); a row's peak counts from its setup's start "
               f"(the RSS then in brackets: what earlier setups left); allocator: LD_PRELOAD="
               f"{os.environ.get('LD_PRELOAD', 'none (glibc)')}")
         return

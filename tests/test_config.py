@@ -280,9 +280,9 @@ def test_bool_coercion(text, expected):
     ("off", "false"),
 ])
 def test_bf16_is_auto_or_a_bool(value, expected):
-    """bf16 takes HF's bool (YAML true, --bf16 false) or auto, the default: kept as one of three words."""
+    """bf16 takes HF's bool (YAML true, --bf16 false) or auto: kept as one of three words."""
     assert coerce(FIELDS["bf16"], value) == expected
-    assert build().bf16 == "auto"
+    assert build().bf16 == "true"
 
 
 @pytest.mark.parametrize("name, value, expected", [

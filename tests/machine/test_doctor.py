@@ -32,6 +32,7 @@ def test_advice_follows_the_facts():
     slow = {**base, "matmul_gflops": {"bf16": 100, "fp32": 200}, "memory_available_gb": 4,
             "extras": {**base["extras"], "gradio": None}}
     said = " ".join(doctor.advice(slow))
-    assert "--bf16 false" in said and "4 GB" in said and "cpu-grpo[app]" in said
+    assert "--bf16 auto" in said and "4 GB" in said and "cpu-grpo[app]" in said
+    assert "compute in fp32" in doctor.advice({**base, "bf16_kernels": False})[0]
     assert not any("jemalloc" in a for a in doctor.advice(base))
     assert any("apt-get install libjemalloc2" in a for a in doctor.advice({**base, "jemalloc": None}))

@@ -45,7 +45,8 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
 def test_a_run_in_fp32_is_planned_at_the_fp32_peak_with_twice_the_bytes(tiny_model):
     """bf16: auto computes in fp32 where fp32 matmuls clearly beat bf16 ones; the plan follows (engine.models)."""
     shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
-    cfg = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 0, "use_lora": True})
+    cfg = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 0, "use_lora": True,
+                                    "bf16": "auto"})
     fast16, slow16 = Machine(500.0, 20.0, fp32_gflops=200.0), Machine(150.0, 20.0, fp32_gflops=300.0)
     assert not fast16.fp32(cfg) and slow16.fp32(cfg) and MACHINE.fp32(cfg) is False  # fp32 not measured: bf16
     assert Machine(150.0, 20.0, fp32_gflops=180.0).fp32(cfg) is False  # within the margin: bf16, half the memory

@@ -32,8 +32,8 @@ def test_a_checkpoint_saved_before_progress_resumes_from_its_own_keys(tmp_path):
 
 @pytest.mark.parametrize("bf16_pays", [True, False])
 def test_bf16_auto_trains_in_the_faster_dtype(tiny_model, tmp_path, monkeypatch, bf16_pays):
-    """bf16: auto (the default) keeps bf16 where its matmuls are fast; where this CPU runs them slower than fp32,
-    the LoRA base, the sampler and training are fp32, and the log says why and how to force bf16."""
+    """bf16: auto keeps bf16 where its matmuls are fast; where this CPU runs them slower than fp32, the LoRA base,
+    the sampler and training are fp32, and the log says why and how to force bf16."""
     from cpu_grpo.config import build
     from cpu_grpo.engine import models
     from cpu_grpo.train import runstate
@@ -41,13 +41,12 @@ def test_bf16_auto_trains_in_the_faster_dtype(tiny_model, tmp_path, monkeypatch,
     monkeypatch.setattr(models, "bf16_supported", lambda: True)
     monkeypatch.setattr(runstate, "bf16_supported", lambda: True)
     monkeypatch.setattr(models, "bf16_pays", lambda: bf16_pays)
-    cfg = build(overrides={"model": tiny_model, "use_lora": True, "output_dir": str(tmp_path)})
-    assert cfg.bf16 == "auto"
+    cfg = build(overrides={"model": tiny_model, "use_lora": True, "bf16": "auto", "output_dir": str(tmp_path)})
     said = []
     run, _, _ = runstate.build_run(cfg, tmp_path, None, lambda *a: said.append(" ".join(map(str, a))))
     dtype = torch.bfloat16 if bf16_pays else torch.float32
     assert run.autocast is bf16_pays and run.sampler.dtype == dtype
     assert {p.dtype for n, p in run.model.named_parameters() if "lora_" not in n} == {dtype}
     assert any("slower than fp32" in s and "--bf16 true" in s for s in said) is not bf16_pays
-    forced = build(overrides={"model": tiny_model, "use_lora": True, "bf16": "true", "output_dir": str(tmp_path)})
+    forced = build(overrides={"model": tiny_model, "use_lora": True, "output_dir": str(tmp_path)})  # true: default
     assert runstate.build_run(forced, tmp_path / "forced", None, lambda *a: None)[0].autocast

@@ -114,9 +114,9 @@ class TrainConfig:
     micro_batch_size: int = _f(
         0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
         "(0: from a 2.5 GB budget for activations)")
-    bf16: str = _f("auto", "bf16 rollouts and bf16 autocast in training: auto (where the CPU has bf16 kernels that "
-                           "beat its fp32 ones; probed at the start) | true (wherever it has bf16 kernels) | false",
-                   const="true")
+    bf16: str = _f("true", "bf16 rollouts and bf16 autocast in training: true (wherever the CPU has bf16 kernels) | "
+                           "auto (only where they are not clearly slower than its fp32 ones, probed at the start: "
+                           "faster there, but see results/demo-dtype) | false (fp32)", const="true")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, slower")
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
     lora_r: int = _f(16, "LoRA rank")
