@@ -93,10 +93,11 @@ def cmd_eval(args) -> int:
     from .data.loaders import RowFormat, load_task
     from .data.rewards import check_columns
     from .data.tasks import levels_of
-    from .engine.models import bf16_wanted, load_model, set_threads
+    from .engine.models import load_model, set_threads
     from .engine.rollout import Sampler, Sampling, stop_ids
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
+    from .machine.doctor import bf16_wanted
 
     if args.output and not Path(args.output).resolve().parent.is_dir():  # found now, not after the evaluation
         print(f"cpu-grpo: --output {args.output}: its directory does not exist: create it, or choose another path.",

@@ -43,7 +43,7 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
 
 
 def test_a_run_in_fp32_is_planned_at_the_fp32_peak_with_twice_the_bytes(tiny_model):
-    """bf16: auto computes in fp32 where fp32 matmuls clearly beat bf16 ones; the plan follows (engine.models)."""
+    """bf16: auto computes in fp32 where fp32 matmuls clearly beat bf16 ones; the plan follows (machine.doctor)."""
     shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
     cfg = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 0, "use_lora": True,
                                     "bf16": "auto"})

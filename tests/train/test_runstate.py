@@ -36,11 +36,12 @@ def test_bf16_auto_trains_in_the_faster_dtype(tiny_model, tmp_path, monkeypatch,
     the sampler and training are fp32, and the log says why and how to force bf16."""
     from cpu_grpo.config import build
     from cpu_grpo.engine import models
+    from cpu_grpo.machine import doctor
     from cpu_grpo.train import runstate
 
     monkeypatch.setattr(models, "bf16_supported", lambda: True)
     monkeypatch.setattr(runstate, "bf16_supported", lambda: True)
-    monkeypatch.setattr(models, "bf16_pays", lambda: bf16_pays)
+    monkeypatch.setattr(doctor, "bf16_pays", lambda: bf16_pays)
     cfg = build(overrides={"model": tiny_model, "use_lora": True, "bf16": "auto", "output_dir": str(tmp_path)})
     said = []
     run, _, _ = runstate.build_run(cfg, tmp_path, None, lambda *a: said.append(" ".join(map(str, a))))

@@ -12,7 +12,7 @@ KEEP = 2
 def _get(spec: str) -> tuple:
     import torch
 
-    from ..engine.models import bf16_wanted, load_model
+    from ..engine.models import bf16_supported, load_model
     from ..engine.rollout import Sampler, stop_ids
 
     if spec in _models:
@@ -20,7 +20,7 @@ def _get(spec: str) -> tuple:
         return _models[spec]
     model, tok = load_model(spec, log=lambda *a: None)
     model.eval()
-    sampler = Sampler(model, dtype=torch.bfloat16 if bf16_wanted("auto") else torch.float32)
+    sampler = Sampler(model, dtype=torch.bfloat16 if bf16_supported() else torch.float32)
     _models[spec] = (model, tok, sampler, stop_ids(tok, model))
     while len(_models) > KEEP:
         _models.pop(next(iter(_models)))

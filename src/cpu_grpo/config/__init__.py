@@ -113,7 +113,7 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping by global norm (0: off)")
     micro_batch_size: int = _f(
         0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
-        "(0: from a 2.5 GB budget for activations)")
+        "(0: from a 0.75 GB budget for activations)")
     bf16: str = _f("true", "bf16 rollouts and bf16 autocast in training: true (wherever the CPU has bf16 kernels) | "
                            "auto (only where they are not clearly slower than its fp32 ones, probed at the start: "
                            "faster there, but see results/demo-dtype) | false (fp32)", const="true")

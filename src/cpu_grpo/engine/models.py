@@ -8,7 +8,6 @@ cache, so that later loads take about a second.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
@@ -376,30 +375,6 @@ def bf16_supported() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except Exception:
         return False
-
-
-def bf16_wanted(setting: str) -> bool:
-    """Whether rollouts and training run in bf16 for the config's `bf16` setting: never without oneDNN's bf16
-    kernels; with `auto`, only where bf16 matmuls also beat fp32 ones. Some CPUs have the instructions and run them
-    at half fp32's speed: a 2-core Intel Xeon VM (AVX-512 BF16, AMX hidden) read bf16 172 against fp32 333 GFLOP/s,
-    and the default profile's update ran 1.4x faster in fp32, its rollout as fast (bench/README.md, issue 49)."""
-    if setting == "false" or not bf16_supported():
-        return False
-    return setting == "true" or bf16_pays()
-
-
-@functools.cache
-def bf16_pays() -> bool:
-    """Whether bf16 matmuls run at least 1/FP32_MARGIN of fp32's speed here (a 0.2 s probe of each, once a process).
-    fp32 keeps twice the activations and weights, so it is chosen only where it clearly wins."""
-    import torch
-
-    from ..machine.doctor import matmul_gflops
-
-    return matmul_gflops(torch.bfloat16, 0.2) * FP32_MARGIN >= matmul_gflops(torch.float32, 0.2)
-
-
-FP32_MARGIN = 1.3
 
 
 def set_threads(n: int | None = None, ranks_here: int = 1) -> int:

@@ -7,6 +7,7 @@ the optional extras installed.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -48,6 +49,30 @@ def matmul_gflops(dtype, seconds: float, n: int = 1024) -> float:
         a @ b
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
+
+
+def bf16_wanted(setting: str) -> bool:
+    """Whether rollouts and training run in bf16 for the config's `bf16` setting: never without oneDNN's bf16
+    kernels; with `auto`, only where bf16 matmuls also beat fp32 ones. Some CPUs have the instructions and run them
+    at half fp32's speed: a 2-core Intel Xeon VM (AVX-512 BF16, AMX hidden) read bf16 172 against fp32 333 GFLOP/s,
+    and the default profile's update ran 1.4x faster in fp32, its rollout as fast (bench/README.md, issue 49)."""
+    from ..engine.models import bf16_supported
+
+    if setting == "false" or not bf16_supported():
+        return False
+    return setting == "true" or bf16_pays()
+
+
+@functools.cache
+def bf16_pays() -> bool:
+    """Whether bf16 matmuls run at least 1/FP32_MARGIN of fp32's speed here (a 0.2 s probe of each, once a process).
+    fp32 keeps twice the activations and weights, so it is chosen only where it clearly wins."""
+    import torch
+
+    return matmul_gflops(torch.bfloat16, 0.2) * FP32_MARGIN >= matmul_gflops(torch.float32, 0.2)
+
+
+FP32_MARGIN = 1.3
 
 
 def facts(seconds: float = 2.0) -> dict:

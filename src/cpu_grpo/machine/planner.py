@@ -15,7 +15,7 @@ token limit (the worst case; `--completion-len` for another assumption):
   with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
   activations), the activations the backward keeps (batching.py) with a chunk of bf16 logits, and the process.
 A run computes in fp32 where its `bf16` setting says so (auto: where fp32 matmuls beat bf16 ones by
-engine.models.FP32_MARGIN): then its update at the fp32 peak (its own efficiency), its decoding at bf16's (one
+machine.doctor.FP32_MARGIN): then its update at the fp32 peak (its own efficiency), its decoding at bf16's (one
 measurement: no faster), with every bf16 value above twice the bytes.
 The decode constants (`EFFICIENCY`) are fitted by least squares to the 8 configurations measured on 2026-11-24
 (bench/planner.py's FIT set) and checked on others (its CHECK and FRESH sets): every row within 20% for seconds
@@ -41,8 +41,8 @@ EFFICIENCY = {
     "layer_overhead_s": 5.6e-4,  # per layer and decode step: Python, norms, small kernels
     "context_s": 8.1e-6,  # per layer, decode step and token in the cache: attention over it, its masks
     "train_flops": 0.45,  # forward and backward under bf16 autocast
-    # in fp32: the default profile's update ran 105 against 75 tok/s in bf16 where fp32's peak read 1.97x bf16's
-    # (one measurement, 2026-11-28, bench/README.md); its decoding ran no faster than bf16's (88 against 89 tok/s)
+    # in fp32: the default profile's update ran 1.40-1.44x bf16's tok/s where fp32's peak read 1.97x bf16's (two
+    # passes, one machine, 2026-11-28, bench/README.md); its decoding no faster than bf16's (85-88 against 85-89)
     "train_flops_fp32": 0.32,
     "process_gb": 0.9,  # torch, transformers and the tokenizer, before any weight
 }
@@ -57,8 +57,8 @@ class Machine:
     bf16_kernels: bool = True  # oneDNN's bf16 kernels (engine.models.bf16_supported)
 
     def fp32(self, cfg: TrainConfig) -> bool:
-        """Whether a run of `cfg` samples and trains in fp32 here: engine.models.bf16_wanted's rule on this probe."""
-        from ..engine.models import FP32_MARGIN
+        """Whether a run of `cfg` samples and trains in fp32 here: doctor.bf16_wanted's rule on this probe."""
+        from .doctor import FP32_MARGIN
 
         return cfg.bf16 == "false" or not self.bf16_kernels or \
             cfg.bf16 == "auto" and self.fp32_gflops > FP32_MARGIN * self.bf16_gflops
