@@ -113,7 +113,8 @@ def cmd_eval(args) -> int:
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
     model, tok = load_model(args.model, args.trust_remote_code)
-    bf16 = bf16_wanted(str(trained["bf16"]).lower())  # as the run evaluated it (an old run's true: bf16)
+    # the dtype its run evaluated in (an old run's bf16: true included)
+    bf16 = bf16_wanted(config_mod.coerce(config_mod.TrainConfig.__dataclass_fields__["bf16"], trained["bf16"]))
     sampler, stops = Sampler(model, dtype=torch.bfloat16 if bf16 else torch.float32), stop_ids(tok, model)
     instruction, system = ask["instruction"], ask["system_prompt"]
     if args.samples > 0:

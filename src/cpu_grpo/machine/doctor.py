@@ -65,11 +65,16 @@ def bf16_wanted(setting: str) -> bool:
 
 @functools.cache
 def bf16_pays() -> bool:
-    """Whether bf16 matmuls run at least 1/FP32_MARGIN of fp32's speed here (a 0.2 s probe of each, once a process).
-    fp32 keeps twice the activations and weights, so it is chosen only where it clearly wins."""
+    """Whether bf16 matmuls hold their own against fp32 ones here (a 0.2 s probe of each, once a process)."""
     import torch
 
-    return matmul_gflops(torch.bfloat16, 0.2) * FP32_MARGIN >= matmul_gflops(torch.float32, 0.2)
+    return not fp32_pays(matmul_gflops(torch.bfloat16, 0.2), matmul_gflops(torch.float32, 0.2))
+
+
+def fp32_pays(bf16_gflops: float, fp32_gflops: float) -> bool:
+    """`auto`'s rule: fp32 where its matmuls run FP32_MARGIN times bf16's speed. fp32 keeps twice the activations
+    and weights, so it is chosen only where it clearly wins (also the planner's rule, planner.Machine.fp32)."""
+    return fp32_gflops > FP32_MARGIN * bf16_gflops
 
 
 FP32_MARGIN = 1.3

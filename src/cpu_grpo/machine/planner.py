@@ -58,10 +58,10 @@ class Machine:
 
     def fp32(self, cfg: TrainConfig) -> bool:
         """Whether a run of `cfg` samples and trains in fp32 here: doctor.bf16_wanted's rule on this probe."""
-        from .doctor import FP32_MARGIN
+        from .doctor import fp32_pays
 
         return cfg.bf16 == "false" or not self.bf16_kernels or \
-            cfg.bf16 == "auto" and self.fp32_gflops > FP32_MARGIN * self.bf16_gflops
+            cfg.bf16 == "auto" and fp32_pays(self.bf16_gflops, self.fp32_gflops)
 
     def gflops(self, cfg: TrainConfig) -> float:
         """The matmul peak of the dtype a run of `cfg` computes in here."""
