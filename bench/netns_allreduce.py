@@ -23,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-LINKS = [("1gbit", ""), ("10gbit", ""), ("1gbit", "20ms")]  # rate, one-way delay
+from distributed import ring_seconds  # the projection's model (bench/distributed.py)
+
+LINKS = ["1gbit", "10gbit", "1gbit+5ms", "1gbit+20ms"]  # rate[+one-way delay]
 HOSTS = [2, 3, 4]
-LATENCY_S = 50e-6  # the projection's per-message latency (bench/distributed.py project)
+LATENCY_S = 50e-6  # the projection's one-way latency of a LAN (bench/distributed.py project)
 
 
 def workloads() -> dict[str, int]:
@@ -41,11 +43,6 @@ def workloads() -> dict[str, int]:
     full = layers * (sum(i * o for i, o in linears(*smol)) + 2 * h) + vocab * h + h  # 2 norms a layer; tied
     lora = qwen[2] * sum(16 * (i + o) for i, o in linears(*qwen))  # r=16 on every linear
     return {"SmolLM2-135M full": full, "Qwen2.5-0.5B LoRA r=16": lora}
-
-
-def projected(numel: int, hosts: int, gbit: float, latency_s: float = LATENCY_S) -> float:
-    """bench/distributed.py's ring all-reduce: 2 (N-1)/N x bytes / bandwidth + 2 (N-1) x latency."""
-    return 2 * (hosts - 1) / hosts * 4 * numel / (gbit * 1e9 / 8) + 2 * (hosts - 1) * latency_s
 
 
 def rank(reps: int, out: str, label: str) -> None:
@@ -79,10 +76,11 @@ def rank(reps: int, out: str, label: str) -> None:
     dist.destroy_process_group()
 
 
-def sweep(out: str, reps: int) -> None:
+def sweep(out: str, reps: int, links: list[str], hosts_list: list[int]) -> None:
     netns = Path(__file__).with_name("netns.sh")
-    for rate, delay in LINKS:
-        for hosts in HOSTS:
+    for link in links:
+        rate, _, delay = link.partition("+")
+        for hosts in hosts_list:
             label = rate + (f" +{delay}" if delay else "")
             cmd = [str(netns), "--hosts", str(hosts), "--rate", rate, "--threads", "1", "--timeout", "600"]
             cmd += ["--delay", delay] if delay else []
@@ -104,7 +102,9 @@ def table(path: str, gbit: dict[str, float]) -> None:
           "projected s | measured / projected | share of a step, measured (projected) |\n"
           "|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        n, p, m = r["hosts"], projected(r["params"], r["hosts"], gbit[r["link"].split()[0]]), r["median"]
+        rate, _, delay = r["link"].partition(" +")
+        latency = float(delay.removesuffix("ms")) / 1000 if delay else LATENCY_S
+        n, p, m = r["hosts"], ring_seconds(r["params"], r["hosts"], gbit[rate], latency), r["median"]
         compute = STEP[r["workload"]] / n
         print(f"| {r['link']} | {n} | {r['workload']} | {r['bytes'] / 1e6:.0f} | {r['sent_per_host'] / 1e6:.0f} | "
               f"{m:.3f} ({min(r['seconds']):.3f}-{max(r['seconds']):.3f}) | {p:.3f} | {m / p:.2f} | "
@@ -118,10 +118,12 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default="netns_allreduce.jsonl")
     ap.add_argument("--label", default="", help="rank: the link, as the table names it")
+    ap.add_argument("--links", nargs="+", default=LINKS, help="sweep: rate[+one-way delay] (default: %(default)s)")
+    ap.add_argument("--hosts", nargs="+", type=int, default=HOSTS, help="sweep: host counts")
     a = ap.parse_args()
     if a.what == "rank":
         rank(a.reps, a.out, a.label)
     elif a.what == "sweep":
-        sweep(os.path.abspath(a.out), a.reps)
+        sweep(os.path.abspath(a.out), a.reps, a.links, a.hosts)
     else:
         table(a.path, {"1gbit": 1.0, "10gbit": 10.0})

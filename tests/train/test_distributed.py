@@ -189,3 +189,58 @@ def test_a_failed_rank_under_train_nproc_ends_in_one_line_not_torchruns_tracebac
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("cpu-grpo: the run stopped (rank 0 (exit code 2), rank 1 (exit code 2))"), last
     assert "--resume" in last
+
+
+def _nnodes(tmp_path, rank: int, port: int, *extra: str) -> list[str]:
+    """`cpu-grpo train` as one of two machines (torchrun's c10d rendezvous at 127.0.0.1:port)."""
+    return [sys.executable, "-m", "cpu_grpo", "train", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint",
+            f"127.0.0.1:{port}", "--local-addr", "127.0.0.1", "--profile", "quick", "--output-dir",
+            str(tmp_path / "run"), *extra]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_launched_by_train_nnodes_train_as_one_run(tiny_model, tmp_path):
+    port, env = _free_port(), {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    run = ["--model", tiny_model, "--steps", "2", "--prompts-per-step", "2", "--num-generations", "2",
+           "--max-new-tokens", "8", "--eval-size", "0", "--train-size", "20"]
+    procs = [subprocess.Popen(_nnodes(tmp_path, r, port, *run), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_machine_that_never_joins_is_one_sentence_within_the_join_timeout(tiny_model, tmp_path):
+    port = _free_port()
+    t0 = time.time()
+    p = subprocess.run(_nnodes(tmp_path, 0, port, "--model", tiny_model, "--join-timeout", "5"), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and time.time() - t0 < 5 + 30, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"cpu-grpo: not all 2 machines joined the rendezvous at 127.0.0.1:{port} within "
+                           "--join-timeout 5 s"), last
+    assert "start the same command on every machine" in last and not (tmp_path / "run").exists()
+
+
+def test_a_rendezvous_that_cannot_be_reached_is_one_sentence(tiny_model, tmp_path):
+    p = subprocess.run(_nnodes(tmp_path, 1, _free_port(), "--model", tiny_model, "--join-timeout", "5"),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "could not be reached" in last and "start --node-rank 0" in last, last
+
+
+def test_nnodes_without_an_endpoint_says_what_it_needs(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "cpu_grpo", "train", "--nnodes", "2", "--output-dir",
+                        str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip() == ("cpu-grpo: --nnodes 2 needs --rdzv-endpoint HOST:PORT (the "
+                                                      "machine of --node-rank 0) and this machine's --node-rank (0 to "
+                                                      "nnodes - 1)."), p.stderr
