@@ -5,12 +5,13 @@
 #   bench/netns.sh --hosts 2 --rate 1gbit -- train --profile quick --output-dir /tmp/run [train options]
 #   bench/netns.sh --hosts 4 --rate 10gbit -- bench/netns_allreduce.py --params 134515008
 #   bench/netns.sh --hosts 2 --rate 1gbit --loss 5 -- tests/train/dist_worker.py train OUT JSON
+#   bench/netns.sh --hosts 3 --rate 1gbit --delay 20ms --sysctl net.ipv4.tcp_slow_start_after_idle=0 -- ...
 #
 # After `--`: `train ...` runs `cpu-grpo train --nnodes N --node-rank i --rdzv-endpoint ... ...` (which launches
-# torchrun; --threads set to the host's share of the cores unless given); `X.py ...` runs `torchrun ... X.py ...`. Host i is namespace <prefix>h<i>, address
-# 10.77.0.<i+1> on veth <prefix>v<i> (GLOO_SOCKET_IFNAME), joined to bridge <prefix>br by <prefix>b<i>; the
-# rendezvous (c10d) is host 0's address, and host 0 holds its store. Each host's output is printed with a "[host i] " prefix; the exit code is
-# the first non-zero one of the hosts.
+# torchrun; --threads set to the host's share of the cores unless given); `X.py ...` runs `torchrun ... X.py ...`.
+# Host i is namespace <prefix>h<i>, address 10.77.0.<i+1> on veth <prefix>v<i> (GLOO_SOCKET_IFNAME), joined to
+# bridge <prefix>br by <prefix>b<i>; the rendezvous (c10d) is host 0's address, and host 0 holds its store. Each
+# host's output is printed with a "[host i] " prefix; the exit code is the first non-zero one of the hosts.
 #
 # Links: --rate shapes both directions of every host's link with tbf (a full-duplex port of a switch). --loss drops
 # that percentage of the packets a host sends (nftables numgen on the bridge's side of the link). --delay 20ms

@@ -336,3 +336,35 @@ def test_modelfile_template_keeps_the_default_system_prompt(tiny_model):
     assert system == "Be brief." and go == ("<|im_start|>system\n{{ .System }}<|im_end|>\n<|im_start|>user\n"
                                             f"{{{{ .Prompt }}}}\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
     assert prompt.single_turn(tok, template, INSTRUCTION, "Think.")[1] == "Think."  # the run's own system prompt
+
+
+# ---------------------------------------------------------------------------- llama.cpp itself reads the file
+@pytest.mark.parametrize("run", ["full", "qwen2"])
+def test_llama_cpp_reads_the_gguf_as_the_checkpoint(runs, tmp_path, run):
+    """llama.cpp (llama-cpp-python, compiled from PyPI's source package) tokenizes the prompt the checkpoint's
+    tokenizer does, computes its logits at every position, and renders the run's instruction from the stored
+    chat template."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "out"
+    export(_quiet(spec=str(runs[run]), format="gguf", quant="f16", out=str(out), verify=False), log=lambda *a: None)
+    llm = llama_cpp.Llama(model_path=str(next(out.glob("*.gguf"))), n_ctx=256, logits_all=True, verbose=False)
+    ckpt = sorted((runs[run] / "checkpoints").glob("step-*"))[-1]
+    tok, model = AutoTokenizer.from_pretrained(ckpt), AutoModelForCausalLM.from_pretrained(ckpt).eval()
+    asked = tok.apply_chat_template(prompt.messages("What is 12 + 30?", INSTRUCTION, ""), tokenize=False,
+                                    add_generation_prompt=True)
+    ids = tok(asked, add_special_tokens=False)["input_ids"]
+    assert llm.tokenize(asked.encode(), add_bos=False, special=True) == ids
+    llm.eval(ids)
+    theirs = torch.tensor(llm.scores[:len(ids)])
+    with torch.no_grad():
+        from cpu_grpo.export.verify import round_to
+
+        round_to(model, torch.float16, matrices_only=True)  # what an f16 file holds
+        mine = model(torch.tensor([ids])).logits[0]
+    assert (theirs - mine).abs().max() < 1e-2 * mine.abs().max()
+    assert torch.equal(theirs.argmax(-1), mine.argmax(-1))
+    bare = llm.create_chat_completion([{"role": "user", "content": "What is 12 + 30?"}], max_tokens=1)
+    assert bare["usage"]["prompt_tokens"] == len(ids)  # the template added the instruction

@@ -139,7 +139,7 @@ def test_each_architecture_has_llama_cpps_tensors_and_keys(tmp_path, tok, tiny_m
         if arch == "qwen3":
             assert fields["qwen3.attention.key_length"] == fields["qwen3.attention.value_length"] == 128
             assert np.array_equal(tensors["blk.0.attn_q_norm.weight"][0], sd["model.layers.0.self_attn.q_norm.weight"])
-            assert fields["tokenizer.ggml.pre"] == "gpt2"  # the fixture's split (GPT-2's), not Qwen's
+            assert fields["tokenizer.ggml.pre"] == "gpt-2"  # the fixture's split (GPT-2's), not Qwen's
         if arch == "gemma3":  # every norm + 1, F32; no output (tied); the window and both rope bases
             for hf, name in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "post_attention_norm"),
                              ("pre_feedforward_layernorm", "ffn_norm"), ("post_feedforward_layernorm", "post_ffw_norm"),
@@ -241,7 +241,7 @@ def test_pre_tokenizer_names_follow_the_split():
     for name in ("qwen2", "llama-bpe", "gpt-4o"):
         split = pre_tokenizers.Split(Regex(SPLITS[name]), behavior="isolated")
         assert named(pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(use_regex=False)])) == name
-    assert named(pre_tokenizers.ByteLevel(add_prefix_space=False)) == "gpt2"
+    assert named(pre_tokenizers.ByteLevel(add_prefix_space=False)) == "gpt-2"
     digits = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel()])
     assert named(digits) == "smollm"
 

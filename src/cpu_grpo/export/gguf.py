@@ -106,7 +106,7 @@ def _pre_tokenizer(tok_json: dict) -> str:
         return "llama-bpe"  # Llama 3's split (SmolLM3 too)
     if "\\\\p{L}+|\\\\p{N}|" in text:
         return "qwen2"  # Qwen2.5's and Qwen3's: digits one by one
-    return "gpt2"
+    return "gpt-2"  # GPT-2's byte-level split (llama.cpp's name; "gpt2" is the tokenizer model)
 
 
 def add_tokenizer(w, tok, tok_dir: Path, vocab_size: int, template: str | None) -> None:

@@ -1,0 +1,96 @@
+"""The exported GGUF run by llama.cpp itself (llama-cpp-python), against the checkpoint it came from.
+
+    python bench/llamacpp_check.py RUN_DIR [--quants q8_0 q4_k_m] [--n 200] [--output FILE.md]
+
+`pip install llama-cpp-python` compiles llama.cpp from PyPI's source package (cmake and a C++ compiler; ~7 minutes
+on 2 cores). For each quantization: `cpu-grpo export RUN --format gguf --quant Q` (unverified; the point here is
+another reader), then llama.cpp loads the file and answers n of the run's held-out problems greedily through
+`create_chat_completion`, which renders the chat template stored in the GGUF: each problem is sent as the bare
+question, as a user of llama.cpp, LM Studio or Ollama would send it, so the run's instruction reaches the model
+only if the exported template carries it. Scored as the run's evaluation scores, paired with the checkpoint's
+greedy answers on the same problems (our sampler, bf16; Newcombe's interval, McNemar's exact p); "same text":
+completions identical to the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from export_table import _row  # noqa: E402  (bench/export_table.py: one table row, paired)
+
+from cpu_grpo.eval.metrics import score_completion  # noqa: E402
+from cpu_grpo.export import source, verify  # noqa: E402
+from cpu_grpo.export.run import Request, export  # noqa: E402
+
+
+def llama_answers(path: Path, examples: list, limit: int, judge, log=print) -> list[dict]:
+    """Greedy completions by llama.cpp of each bare question, through the GGUF's own chat template."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=2048, n_threads=os.cpu_count(), seed=0, verbose=False)
+    texts = []
+    for i, ex in enumerate(examples):
+        out = llm.create_chat_completion([{"role": "user", "content": ex.question}], temperature=0.0,
+                                         max_tokens=limit)
+        texts.append(out["choices"][0]["message"]["content"] or "")
+        if (i + 1) % 50 == 0:
+            log(f"  llama.cpp {i + 1}/{len(examples)}")
+    ids = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in texts]
+    judged = judge.scores(examples, texts, ids, log)
+    return [{"id": ex.id, "completion": text, "correct": bool(
+        score_completion(text, ex.answer, ex.solution, False)["correct"] if right is None else right)}
+        for ex, text, right in zip(examples, texts, judged, strict=True)]
+
+
+def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
+    src = source.find(run, log)
+    shape, limit = (src.instruction, src.system), int(src.cfg.get("eval_max_new_tokens", 256))
+    examples, judge = source.held_out(src, n), source.judge(src, limit)
+    model, tok = source.load(src, log)
+    ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log, judge=judge)
+    label, rows = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", []
+    del model
+    with tempfile.TemporaryDirectory() as tmp:
+        for quant in quants:
+            out = Path(tmp) / quant
+            result = export(Request(spec=run, format="gguf", quant=quant, out=str(out), verify=False), log)
+            gguf = next(out.glob("*.gguf"))
+            t0 = time.time()
+            mine = llama_answers(gguf, examples, limit, judge, log)
+            log(f"llama.cpp {quant}: {len(examples)} answers in {time.time() - t0:.0f} s")
+            rows.append(_row(label, f"{quant}, llama.cpp, bare question", gguf.stat().st_size, result.seconds, ref,
+                             mine))
+            log(rows[-1])
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run")
+    p.add_argument("--quants", nargs="+", default=["q8_0", "q4_k_m"])
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--output", default=None)
+    args = p.parse_args()
+    import llama_cpp
+
+    head = ["| model | GGUF | size | write | checkpoint | export | change, points (95% CI), McNemar | same text |",
+            "|---|---|---:|---:|---:|---:|---|---:|"]
+    rows = measure(args.run, args.quants, args.n)
+    text = "\n".join([f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
+                      f"{platform.processor() or platform.machine()}, n = {args.n}, llama-cpp-python "
+                      f"{llama_cpp.__version__}", "", *head, *rows]) + "\n"
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
