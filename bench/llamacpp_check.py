@@ -2,6 +2,9 @@
 
     python bench/llamacpp_check.py RUN_DIR [--quants q8_0 q4_k_m] [--n 200] [--output FILE.md]
 
+With --output, the per-problem records go beside it (FILE.jsonl.gz: id, answer, each side's prediction and
+correctness, same text), enough to recompute every row.
+
 `pip install llama-cpp-python` compiles llama.cpp from PyPI's source package (cmake and a C++ compiler; ~7 minutes
 on 2 cores). For each quantization: `cpu-grpo export RUN --format gguf --quant Q` (unverified; the point here is
 another reader), then llama.cpp loads the file and answers n of the run's held-out problems greedily through
@@ -15,6 +18,8 @@ completions identical to the checkpoint's.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import platform
 import sys
@@ -50,13 +55,23 @@ def llama_answers(path: Path, examples: list, limit: int, judge, log=print) -> l
         for ex, text, right in zip(examples, texts, judged, strict=True)]
 
 
-def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
+def records(quant: str, examples: list, ref: list[dict], mine: list[dict]) -> list[dict]:
+    """One line a problem: the answer, each side's prediction (the answer read from its text) and correctness."""
+    def pred(r, ex):
+        return score_completion(r["completion"], ex.answer, ex.solution, False)["pred"]
+
+    return [{"quant": quant, "id": ex.id, "answer": ex.answer, "checkpoint_prediction": pred(a, ex),
+             "checkpoint_correct": a["correct"], "export_prediction": pred(b, ex), "export_correct": b["correct"],
+             "same_text": a["completion"] == b["completion"]} for ex, a, b in zip(examples, ref, mine, strict=True)]
+
+
+def measure(run: str, quants: list[str], n: int, log=print) -> tuple[list[str], list[dict]]:
     src = source.find(run, log)
     shape, limit = (src.instruction, src.system), int(src.cfg.get("eval_max_new_tokens", 256))
     examples, judge = source.held_out(src, n), source.judge(src, limit)
     model, tok = source.load(src, log)
     ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log, judge=judge)
-    label, rows = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", []
+    label, rows, lines = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", [], []
     del model
     with tempfile.TemporaryDirectory() as tmp:
         for quant in quants:
@@ -68,8 +83,9 @@ def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
             log(f"llama.cpp {quant}: {len(examples)} answers in {time.time() - t0:.0f} s")
             rows.append(_row(label, f"{quant}, llama.cpp, bare question", gguf.stat().st_size, result.seconds, ref,
                              mine))
+            lines += records(quant, examples, ref, mine)
             log(rows[-1])
-    return rows
+    return rows, lines
 
 
 def main() -> None:
@@ -83,13 +99,15 @@ def main() -> None:
 
     head = ["| model | GGUF | size | write | checkpoint | export | change, points (95% CI), McNemar | same text |",
             "|---|---|---:|---:|---:|---:|---|---:|"]
-    rows = measure(args.run, args.quants, args.n)
+    rows, lines = measure(args.run, args.quants, args.n)
     text = "\n".join([f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
                       f"{platform.processor() or platform.machine()}, n = {args.n}, llama-cpp-python "
                       f"{llama_cpp.__version__}", "", *head, *rows]) + "\n"
     print(text)
     if args.output:
         Path(args.output).write_text(text)
+        with gzip.open(Path(args.output).with_suffix(".jsonl.gz"), "wt") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
 if __name__ == "__main__":
