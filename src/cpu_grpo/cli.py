@@ -33,8 +33,7 @@ def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
 
 
 def cmd_train(args) -> int:
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # a rank that torchrun started (distributed.launched)
-    if (getattr(args, "nproc", 1) > 1 or getattr(args, "nnodes", 1) > 1) and not launched:
+    if (getattr(args, "nproc", 1) > 1 or getattr(args, "nnodes", 1) > 1) and not launch.launched():
         return launch.torchrun(args)  # torchrun in this process, our arguments
     from .machine import allocator
     from .train import distributed
@@ -230,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         print("cpu-grpo: interrupted; nothing was saved from the step in progress.", file=sys.stderr)
         return 130
     except (UserError, FileNotFoundError) as e:  # ours: one sentence, no traceback
-        rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        rank = os.environ.get("RANK") if launch.launched() else None
         mine = rank is not None and not str(e).startswith("rank ")
         print(f"cpu-grpo: {'rank ' + rank + ': ' if mine else ''}{e}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from .launch import launched
 
 
 class RankError(UserError):
@@ -117,11 +118,6 @@ class World:
 
 
 SINGLE = World()  # one process: never changed, since no collective runs
-
-
-def launched() -> bool:
-    """Whether this process is one rank of several (torchrun sets WORLD_SIZE)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def init(timeout_s: float) -> World:

@@ -10,6 +10,11 @@ import sys
 from ..errors import UserError
 
 
+def launched() -> bool:
+    """Whether this process is one rank of several (torchrun sets WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def add_arguments(p) -> None:
     """`cpu-grpo train`'s launch flags, torchrun's names."""
     launch = p.add_argument_group("data-parallel launch (torchrun's names; docs/distributed.md)")
