@@ -38,6 +38,19 @@ def _why_not() -> str | None:
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
+
+def _why_no_delay() -> str | None:
+    """--delay needs TAP devices (bench/delaylink.py) and an ifb for the way in."""
+    if _why_not() is not None:
+        return _why_not()
+    if not Path("/dev/net/tun").exists():
+        return "--delay needs /dev/net/tun (TAP devices)"
+    name = f"cgifb{os.getpid() % 10000}"
+    if subprocess.run(["ip", "link", "add", name, "type", "ifb"], capture_output=True).returncode != 0:
+        return "--delay needs ifb devices (CONFIG_IFB)"
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
+    return None
+
 HERE = Path(__file__).parent
 NETNS = HERE.parents[1] / "bench" / "netns.sh"
 WORKER = str(HERE / "dist_worker.py")
@@ -138,6 +151,7 @@ def test_a_link_losing_5_percent_of_its_packets_still_completes(tiny_model, tmp_
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
 
 
+@pytest.mark.skipif(_why_no_delay() is not None, reason=str(_why_no_delay()))
 def test_a_link_with_20_ms_of_latency_holds_each_way_that_long_and_training_completes(tiny_model, tmp_path,
                                                                                      reward_file):
     out = tmp_path / "run"
