@@ -78,6 +78,14 @@ def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
     return rows
 
 
+def table(rows: list[str], n: int, note: str = "") -> str:
+    """The rows (`_row`) under their header and a line of when, where and n (and `note`)."""
+    head = ["| model | GGUF | size | write | checkpoint | export | change, points (95% CI), McNemar | same text |",
+            "|---|---|---:|---:|---:|---:|---|---:|"]
+    return "\n".join([f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
+                      f"{platform.processor() or platform.machine()}, n = {n}{note}", "", *head, *rows]) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+")
@@ -85,11 +93,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--output", default=None)
     args = p.parse_args()
-    head = ["| model | GGUF | size | write | checkpoint | export | change, points (95% CI), McNemar | same text |",
-            "|---|---|---:|---:|---:|---:|---|---:|"]
     rows = [r for run in args.runs for r in measure(run, args.quants, args.n, log=print)]
-    text = "\n".join([f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
-                      f"{platform.processor() or platform.machine()}, n = {args.n}", "", *head, *rows]) + "\n"
+    text = table(rows, args.n)
     print(text)
     if args.output:
         Path(args.output).write_text(text)

@@ -21,7 +21,6 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from export_table import _row  # noqa: E402  (bench/export_table.py: one table row, paired)
+from export_table import _row, table  # noqa: E402  (bench/export_table.py: a row, paired; the table)
 
 from cpu_grpo.eval.metrics import score_completion  # noqa: E402
 from cpu_grpo.export import source, verify  # noqa: E402
@@ -97,12 +96,8 @@ def main() -> None:
     args = p.parse_args()
     import llama_cpp
 
-    head = ["| model | GGUF | size | write | checkpoint | export | change, points (95% CI), McNemar | same text |",
-            "|---|---|---:|---:|---:|---:|---|---:|"]
     rows, lines = measure(args.run, args.quants, args.n)
-    text = "\n".join([f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
-                      f"{platform.processor() or platform.machine()}, n = {args.n}, llama-cpp-python "
-                      f"{llama_cpp.__version__}", "", *head, *rows]) + "\n"
+    text = table(rows, args.n, f", llama-cpp-python {llama_cpp.__version__}")
     print(text)
     if args.output:
         Path(args.output).write_text(text)

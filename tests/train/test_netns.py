@@ -106,6 +106,16 @@ def sentence(text: str, start: str) -> str:
     return next((line for line in text.splitlines() if start in line), "")
 
 
+def trains_two_steps(hosts: Hosts, out: Path) -> None:
+    """The hosts' 2-step run ends without error and logs both steps."""
+    try:
+        hosts.wait_for(lambda: hosts.proc.poll() is not None, 120)
+    finally:
+        hosts.stop()
+    assert hosts.proc.returncode == 0, hosts.text()[-4000:]
+    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+
+
 def fields(model, out, reward, **kw):
     from test_distributed import fields
 
@@ -142,13 +152,7 @@ def test_a_cut_link_is_one_sentence_naming_the_host_and_the_run_resumes_on_fewer
 def test_a_link_losing_5_percent_of_its_packets_still_completes(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     out.mkdir()
-    hosts = Hosts(2, out, fields(tiny_model, out, reward_file, steps=2, ddp_timeout=30), "--loss", "5")
-    try:
-        hosts.wait_for(lambda: hosts.proc.poll() is not None, 120)
-    finally:
-        hosts.stop()
-    assert hosts.proc.returncode == 0, hosts.text()[-4000:]
-    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    trains_two_steps(Hosts(2, out, fields(tiny_model, out, reward_file, steps=2, ddp_timeout=30), "--loss", "5"), out)
 
 
 @pytest.mark.skipif(_why_no_delay() is not None, reason=str(_why_no_delay()))
@@ -160,13 +164,8 @@ def test_a_link_with_20_ms_of_latency_holds_each_way_that_long_and_training_comp
     probe.wait_for(lambda: probe.proc.poll() is not None, 60)
     rtt = float(sentence(probe.text(), "[host 1] rtt ").split()[-1])
     assert 0.040 <= rtt < 0.2, probe.text()[-3000:]  # the handshake: 20 ms there, 20 ms back
-    hosts = Hosts(2, out, fields(tiny_model, out, reward_file, steps=2, ddp_timeout=30), "--delay", "20ms")
-    try:
-        hosts.wait_for(lambda: hosts.proc.poll() is not None, 120)
-    finally:
-        hosts.stop()
-    assert hosts.proc.returncode == 0, hosts.text()[-4000:]
-    assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    trains_two_steps(Hosts(2, out, fields(tiny_model, out, reward_file, steps=2, ddp_timeout=30), "--delay", "20ms"),
+                     out)
 
 
 def test_a_host_that_never_joins_is_one_sentence_within_the_join_timeout(tiny_model, tmp_path):
