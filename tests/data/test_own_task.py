@@ -5,6 +5,7 @@ evaluated end to end on the tiny model."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -32,8 +33,10 @@ def test_every_source_gives_the_same_rows(tmp_path):
     import pyarrow as pa
 
     pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "a.parquet")
+    for name in ("a.jsonl", "a.csv"):
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress((tmp_path / name).read_bytes()))
     seen = []
-    for name in ("a.jsonl", "a.json", "a.csv", "a.parquet"):
+    for name in ("a.jsonl", "a.json", "a.csv", "a.parquet", "a.jsonl.gz", "a.csv.gz"):
         train, test = (load_task(str(tmp_path / name), split=s) for s in ("train", "test"))
         assert len(train) + len(test) == 40 and not {e.question for e in train} & {e.question for e in test}
         assert all(not e.math and e.columns["solution"] == f"w{e.question.split()[-1][:-1]}" for e in train)

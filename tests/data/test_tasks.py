@@ -140,7 +140,7 @@ def test_a_level_joined_with_gsm8k_draws_both_in_equal_shares_and_is_held_out_as
     both = load_task("advanced+gsm8k", n=5, seed=3)
     assert [e.difficulty for e in both] == ["advanced", "gsm8k", "advanced", "gsm8k", "advanced"]
     assert both[::2] == load_task("advanced", n=3, seed=3) and both[1::2] == load_task("gsm8k", n=2)
-    assert [e.id for e in both[1::2]] == ["train.jsonl:1", "train.jsonl:2"]  # training problems in a run
+    assert [e.id for e in both[1::2]] == ["train.jsonl.gz:1", "train.jsonl.gz:2"]  # training problems in a run
     assert [e.id for e in load_task("advanced+gsm8k", n=2, split="test")][1:] == ["test.jsonl:1"]
     assert parts_of("intermediate+advanced+gsm8k") == ["intermediate", "advanced", "gsm8k"]
     assert parts_of("mix") == ["mix"] and parts_of("gsm8k") == ["gsm8k"]

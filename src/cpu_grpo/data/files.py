@@ -1,18 +1,20 @@
-"""Rows from the files and datasets people keep their tasks in: JSON lines, JSON, CSV, Parquet, a dataset saved with
-`datasets.save_to_disk`, or `hf:NAME[:config][:split]` from the Hugging Face hub. Each row is a plain dict with an
-id ("file.jsonl:12", "NAME:test:3") that names where it came from, so that every message about a bad row can say
-`file:line`. A source with a test split of its own (a saved DatasetDict, a hub dataset) keeps it apart."""
+"""Rows from the files and datasets people keep their tasks in: JSON lines, JSON, CSV (each may be gzipped), Parquet,
+a dataset saved with `datasets.save_to_disk`, or `hf:NAME[:config][:split]` from the Hugging Face hub. Each row is a
+plain dict with an id ("file.jsonl:12", "NAME:test:3") that names where it came from, so that every message about a
+bad row can say `file:line`. A source with a test split of its own (a saved DatasetDict, a hub dataset) keeps it
+apart."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .tasks import TaskError
 
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".jsonl.gz", ".json.gz", ".csv.gz")
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,15 @@ def read(spec: str, on_error: str = "raise", bad: list | None = None, limit: int
     if path.suffix == ".parquet":
         return Rows(_parquet(path))
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TaskError(f"{spec}: not UTF-8 text: give JSON lines, JSON, CSV or Parquet.") from None
-    if path.suffix == ".csv":
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        text = data.decode("utf-8")
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
+        raise TaskError(f"{spec}: not UTF-8 text: give JSON lines, JSON, CSV (each may be gzipped) or Parquet.") \
+            from None
+    kind = path.with_suffix("").suffix if path.suffix == ".gz" else path.suffix
+    if kind == ".csv":
         return Rows([(f"{path.name}:{i}", dict(row)) for i, row in enumerate(csv.DictReader(text.splitlines()), 2)])
-    if path.suffix == ".json":
+    if kind == ".json":
         return Rows(_json(path, text))
     return Rows(_jsonl(path, text, on_error, bad if bad is not None else [], limit))
 

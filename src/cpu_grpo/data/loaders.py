@@ -30,8 +30,8 @@ from .tasks import (
 )
 
 GSM8K_DIR = Path(__file__).parent / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
-DATASETS = {"gsm8k": {"train": "train.jsonl", "test": "test.jsonl", None: "test.jsonl"},
-            "gsm8k-train": {"train": "train.jsonl", "test": "test.jsonl", None: "train.jsonl"}}
+DATASETS = {"gsm8k": {"train": "train.jsonl.gz", "test": "test.jsonl", None: "test.jsonl"},
+            "gsm8k-train": {"train": "train.jsonl.gz", "test": "test.jsonl", None: "train.jsonl.gz"}}
 
 
 @dataclass(frozen=True)
