@@ -130,18 +130,15 @@ def bench_cell(model, tok, sampler, machine: Machine, b: int, g: int, new: int, 
 
 def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = "") -> list[dict]:
     """The default profile's job, cell by cell (prompts x samples x new tokens): rollout and update as a run does
-    them, the first repetition a warm-up. `setup`: config fields changed (`k=v,k=v`), and `lora_rollout=merged`
+    them, the first repetition a warm-up. `setup`: config fields changed (`k=v,k=v`), e.g. `lora_rollout=merged`
     to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged."""
     from cpu_grpo.train import runstate, update
 
     start_mb = _reset_peak()
     fields = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in setup.split(",") if kv)}
-    merged = fields.pop("lora_rollout", "") == "merged"
     base = {"output_dir": "/tmp/bench-engine-default", "learning_rate": 1e-9, **fields}  # the work, not the learning
     cfg = config.build("default", None, base)
     run, ref, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
-    if merged:
-        run.sampler = Sampler(run.model, copy=True)
     shapes = Shapes.of(run.model.config)
     problems = tasks.generate("intermediate", 200, seed=7)
     out = []

@@ -51,3 +51,26 @@ def test_bf16_auto_trains_in_the_faster_dtype(tiny_model, tmp_path, monkeypatch,
     assert any("slower than fp32" in s and "--bf16 true" in s for s in said) is not bf16_pays
     forced = build(overrides={"model": tiny_model, "use_lora": True, "output_dir": str(tmp_path)})  # true: default
     assert runstate.build_run(forced, tmp_path / "forced", None, lambda *a: None)[0].autocast
+
+
+def test_lora_rollout_merged_samples_from_a_copy_that_follows_the_adapters(tiny_model, tmp_path):
+    """`lora_rollout: merged` gives the run a sampler with the adapters merged into a copy, refreshed as they train;
+    the default samples the policy's own base with them unmerged."""
+    from cpu_grpo.config import build
+    from cpu_grpo.train import runstate
+
+    def run_of(**fields):
+        cfg = build(overrides={"model": tiny_model, "use_lora": True, "output_dir": str(tmp_path), **fields})
+        return runstate.build_run(cfg, tmp_path, None, lambda *a: None)[0]
+
+    assert run_of().sampler.unmerged
+    run = run_of(lora_rollout="merged")
+    assert not run.sampler.unmerged and run.sampler.net is not run.model.get_base_model()
+    name = next(n for n, _ in run.model.named_parameters() if "lora_B" in n)
+    with torch.no_grad():
+        run.model.get_parameter(name).add_(0.5)
+    run.sampler.refresh()
+    layer = run.model.get_submodule(name.rsplit(".lora_B", 1)[0])
+    plain = name.removeprefix("base_model.model.").split(".lora_B")[0].replace(".base_layer", "") + ".weight"
+    want = (layer.base_layer.weight + layer.get_delta_weight("default")).to(run.sampler.dtype)
+    assert torch.equal(run.sampler.net.get_parameter(plain), want)

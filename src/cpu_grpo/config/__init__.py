@@ -121,6 +121,9 @@ class TrainConfig:
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha")
+    lora_rollout: str = _f("unmerged", "how a LoRA run samples: unmerged (the adapters applied beside the frozen bf16 "
+                                       "base: no copy) | merged (from a bf16 copy with the adapters merged after "
+                                       "each update: faster rollouts, a copy of the adapted weights more memory)")
     # -- run
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     output_dir: str = _f("", "where the run goes (default: runs/<run_name>)")
@@ -177,6 +180,7 @@ class TrainConfig:
             (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
             (self.lr_scheduler in SCHEDULES, "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
+            (self.lora_rollout in ("unmerged", "merged"), "lora_rollout must be unmerged or merged"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
             (self.on_collapse in ("warn", "stop"), "on_collapse must be warn or stop"),

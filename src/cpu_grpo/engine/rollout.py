@@ -62,7 +62,8 @@ class PromptTooLong(UserError):
 class Sampler:
     """Samples from a policy: from a copy of it in `dtype`, refreshed after each update, or, for LoRA on a frozen
     base already in `dtype` (the usual bf16 case), from the policy's own base with the adapters applied unmerged
-    (no copy at all: 1.26 GB less for a 0.5B model). `copy=True` always makes a copy (a frozen reference)."""
+    (no copy at all: 1.26 GB less for a 0.5B model). `copy=True` always makes a copy (a frozen reference, or LoRA
+    merged into it: `lora_rollout: merged`, faster to sample from)."""
 
     def __init__(self, model, dtype: torch.dtype = torch.bfloat16, fast: bool = True, copy: bool = False):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -193,6 +193,8 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     p, c, b = shapes.params, shapes.config, 4 if fp32 else 2
     if cfg.use_lora:
         weights = b * p + 16 * shapes.lora_params  # the base (the sampler's too); fp32 adapters, grads, AdamW
+        if cfg.lora_rollout == "merged":  # the sampler's copy of the adapted weights (it shares the rest)
+            weights += b * (shapes.matmul_params - shapes.vocab * shapes.hidden)
     else:
         weights = 16 * p + b * p  # fp32 masters, gradients, AdamW moments; the sampler's copy
     if cfg.beta > 0:

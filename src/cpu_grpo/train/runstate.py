@@ -183,9 +183,10 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
     else:
         world.same_params(model)
     opt, sched = make_optimizer(cfg, model)
-    run = Run(cfg, run_dir, model, tok, Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32), opt,
-              sched, torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank), stop_ids(tok, model), autocast,
-              log, world)
+    sampler = Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32,
+                      copy=cfg.use_lora and cfg.lora_rollout == "merged")
+    gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
+    run = Run(cfg, run_dir, model, tok, sampler, opt, sched, gen, stop_ids(tok, model), autocast, log, world)
     progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
