@@ -140,13 +140,13 @@ def cmd_compare(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .machine.planner import Machine, Shapes, fit_budget, predict, render
+    from .machine.planner import Machine, Shapes, fit_budget, forecast
 
     cfg, note = _config_from(args)
     if note:
         print(note)
     shapes, machine = Shapes.of_model(cfg.model), Machine.measure()
-    print(render(cfg, predict(cfg, shapes, machine, args.completion_len), machine, cfg.model))
+    print(forecast(cfg, shapes, machine, cfg.model, args.completion_len))
     if args.budget or args.memory:
         seconds = _duration(args.budget) if args.budget else None
         memory = _gigabytes(args.memory) if args.memory else None
@@ -285,7 +285,7 @@ def _other_commands(sub) -> None:
     p.add_argument("--budget", default=None, help="wall-time budget for the run: 30m, 2h, 900s")
     p.add_argument("--memory", default=None, help="memory budget: 8G")
     p.add_argument("--completion-len", type=int, default=None, help="assume completions of this many tokens "
-                   "(default: every completion at max_new_tokens, the worst case)")
+                   "(default: likely lengths, and every completion at max_new_tokens for the most it may take)")
     p.set_defaults(func=cmd_plan, default_profile="default")
     p = sub.add_parser("doctor", help="this machine: CPU flags, cores, memory, torch, measured matmul speed, models "
                        "cached, extras installed")

@@ -292,14 +292,14 @@ def _plan_says_so(where: str, shapes) -> None:
 
     from cpu_grpo import config
     from cpu_grpo.engine.arch import GENERIC_SLOWDOWN
-    from cpu_grpo.machine.planner import Machine, predict, render
+    from cpu_grpo.machine.planner import Machine, forecast, predict
 
     cfg, machine = config.build(None, None, dict(model=where)), Machine(bf16_gflops=500.0, bandwidth_gbs=20.0)
     slow, fast = predict(cfg, shapes, machine), predict(cfg, dataclasses.replace(shapes, fast=True), machine)
     assert slow.rollout_s == pytest.approx(fast.rollout_s * GENERIC_SLOWDOWN["rollout"])
     assert slow.update_s == pytest.approx(fast.update_s * GENERIC_SLOWDOWN["update"])
-    assert "off the fast path" in render(cfg, slow, machine, where)
-    assert "off the fast path" not in render(cfg, fast, machine, where)
+    assert "off the fast path" in forecast(cfg, shapes, machine, where)
+    assert "off the fast path" not in forecast(cfg, dataclasses.replace(shapes, fast=True), machine, where)
 
 
 def test_doctor_names_the_fast_path():

@@ -7,7 +7,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from cpu_grpo import config
 from cpu_grpo.cli import main
-from cpu_grpo.machine.planner import Machine, Shapes, fit_budget, predict
+from cpu_grpo.machine.planner import TYPICAL, Machine, Shapes, fit_budget, predict, sampled_and_trained
 
 MACHINE = Machine(bf16_gflops=500.0, bandwidth_gbs=20.0)
 
@@ -42,6 +42,29 @@ def test_predictions_move_the_way_the_work_does(tiny_model):
     assert predict(long_eval, shapes, MACHINE).peak_gb > p.peak_gb  # an evaluation batch's KV cache is the peak
 
 
+def test_the_likely_forecast_counts_the_groups_dynamic_sampling_would_find(tiny_model):
+    """Likely: completions at TYPICAL's share of the limit, and as many rollout batches and trained groups as
+    dynamic sampling would have with TYPICAL's share of groups whose answers differ; never above the most."""
+    shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
+    base = config.build(None, None, {"model": tiny_model, "steps": 10, "eval_size": 50, "prompts_per_step": 8})
+
+    def cfg(**fields):
+        return config.build(None, None, {**base.to_dict(), **fields})
+
+    assert TYPICAL["varying"] == 0.5  # the counts below
+    assert sampled_and_trained(base, likely=True) == ([8], 8)  # no dynamic sampling: every group
+    assert sampled_and_trained(cfg(dynamic_sampling=2), likely=True) == ([8, 8], 8)
+    assert sampled_and_trained(cfg(dynamic_sampling=2)) == ([8, 8], 8)
+    assert sampled_and_trained(cfg(dynamic_sampling=2, dynamic_sampling_refill="missing"), likely=True) == ([8, 4], 6)
+    assert sampled_and_trained(cfg(dynamic_sampling=1), likely=True) == ([8], 4)
+    for c in (base, cfg(dynamic_sampling=1), cfg(dynamic_sampling=3, dynamic_sampling_refill="missing")):
+        likely, most = predict(c, shapes, MACHINE, likely=True), predict(c, shapes, MACHINE)
+        assert likely.rollout_s < most.rollout_s and likely.update_s <= most.update_s
+        assert likely.eval_s < most.eval_s and likely.peak_gb == most.peak_gb  # memory: at the limit
+    one = predict(cfg(dynamic_sampling=1), shapes, MACHINE, likely=True)
+    assert one.update_s < predict(base, shapes, MACHINE, likely=True).update_s  # half the groups trained
+
+
 def test_a_run_in_fp32_is_planned_at_the_fp32_peak_with_twice_the_bytes(tiny_model):
     """bf16: auto computes in fp32 where fp32 matmuls clearly beat bf16 ones; the plan follows (machine.doctor)."""
     shapes = Shapes.of(AutoConfig.from_pretrained(tiny_model))
@@ -69,7 +92,10 @@ def test_fit_budget_proposes_only_settings_that_fit(tiny_model):
 def test_plan_command(tiny_model, capsys):
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--eval-size", "0"]) == 0
     out = capsys.readouterr().out
-    assert "a step" in out and "peak memory" in out and "GFLOP/s" in out
+    assert "a step" in out and "peak memory" in out and "GFLOP/s" in out and "; at most" in out
+    assert main(["plan", "--model", tiny_model, "--steps", "5", "--completion-len", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "completions of 7 tokens" in out and "at most" not in out
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--budget", "1e-9s"]) == 1
     assert "nothing tried fits" in capsys.readouterr().out
 

@@ -273,14 +273,14 @@ def resolve_config(profile: str, config_file: str, overrides: dict, resume: bool
 
 def plan_text(cfg) -> str:
     """The planner's forecast of the run (what `cpu-grpo plan` prints), or why there is none."""
-    from ..machine.planner import Machine, Shapes, predict, render
+    from ..machine.planner import Machine, Shapes, forecast
 
     try:
         shapes = Shapes.of_model(cfg.model)
     except Exception as e:  # a forecast is a convenience: the config check already said what is wrong
         return f"(no forecast: {type(e).__name__}: {str(e)[:160]})"
     machine = Machine.measure(0.4)
-    return render(cfg, predict(cfg, shapes, machine), machine, cfg.model)
+    return forecast(cfg, shapes, machine, cfg.model)
 
 
 def check_start(run: Path, resume: bool) -> str | None:

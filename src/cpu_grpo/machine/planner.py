@@ -1,8 +1,10 @@
 """`cpu-grpo plan`: seconds per step, peak memory and wall time of a run, predicted before it starts.
 
 From the model's shapes (its config.json alone, no weights), the run's config and this machine's measured speed
-(bf16 and fp32 matmuls and a memory copy, about a second in all). What a step costs, with every completion at the
-token limit (the worst case; `--completion-len` for another assumption):
+(bf16 and fp32 matmuls and a memory copy, about a second in all). Two forecasts: at most (every completion at the
+token limit, every batch dynamic sampling may draw, every group trained) and likely (completions, and groups whose
+answers differ, as in the default profile's runs: `TYPICAL`); `--completion-len` for an assumption of your own.
+What a step costs:
 
 - rollout: one prefill of each prompt, then one decode step per new token; a decode step reads every weight
   once (bytes / bandwidth) or multiplies them by the live rows (2 * params * rows FLOPs), whichever is slower,
@@ -26,6 +28,7 @@ A long run's memory grows past what its first steps use (a default-profile run o
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -47,6 +50,11 @@ EFFICIENCY = {
     "process_gb": 0.9,  # torch, transformers and the tokenizer, before any weight
 }
 PROMPT_TOKENS = 80  # a chat-formatted question with the instruction, typical of the built-in tasks
+# the likely forecast's assumptions, from the default profile's runs at seeds 0-2 (results/default-seed*, 57 steps):
+TYPICAL = {
+    "fill": 0.65,  # completion tokens over the limit: 0.59, 0.60, 0.69 (greedy evaluations too)
+    "varying": 0.5,  # of a batch's groups, those whose correctness varies (dynamic sampling trains them): 4.1 of 8
+}
 
 
 @dataclass
@@ -148,29 +156,49 @@ class Prediction:
 
 
 def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: int | None = None,
-            prompt_len: int = PROMPT_TOKENS) -> Prediction:
+            prompt_len: int = PROMPT_TOKENS, likely: bool = False) -> Prediction:
     """Seconds per step (rollout, update; the mean over the stages, each at its own completion limit and prompts a
-    step unless `completion_len` is given), peak RSS and the whole run's wall time for `cfg` on `machine`."""
-    stages = [(s.steps, completion_len or s.max_new_tokens, replace(cfg, prompts_per_step=s.prompts_per_step))
-              for s in plan(cfg)]
+    step unless `completion_len` is given), peak RSS (at the limit) and the whole run's wall time for `cfg` on
+    `machine`: at most, or `likely` (TYPICAL)."""
+    fill = TYPICAL["fill"] if likely else 1.0
+    stages = [(s.steps, s.max_new_tokens, replace(cfg, prompts_per_step=s.prompts_per_step)) for s in plan(cfg)]
     steps = max(1, sum(n for n, _, _ in stages))
-    phases = [(n, _step_seconds(c, shapes, machine, t, prompt_len)) for n, t, c in stages]
+    phases = [(n, _step_seconds(c, shapes, machine, completion_len or round(fill * t), prompt_len, likely))
+              for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
-    peak = max(peak_gb(c, shapes, t, prompt_len, machine.fp32(cfg)) for _, t, c in stages)
-    return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len),
+    peak = max(peak_gb(c, shapes, completion_len or t, prompt_len, machine.fp32(cfg)) for _, t, c in stages)
+    return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len, fill),
                       shapes.fast)
 
 
-def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int) -> tuple[float, float]:
-    """A step's rollout and update seconds with every completion at `t` tokens, and with dynamic sampling every
-    rollout batch it may draw (the default profile drew two in 21 of 24 steps: results/LOG.md, 2026-11-25)."""
+def sampled_and_trained(cfg: TrainConfig, likely: bool = False) -> tuple[list[int], float]:
+    """The prompts of each rollout batch of a step and the groups its update trains: every batch dynamic sampling
+    may draw and every group it keeps (the default profile drew two batches in 21 of 24 steps: results/LOG.md,
+    2026-11-25), or `likely`, with TYPICAL's share of groups whose answers differ (dynamic sampling trains those
+    alone, and draws again while it has fewer than prompts_per_step)."""
+    n = cfg.prompts_per_step
+    if not cfg.dynamic_sampling:
+        return [n], n
+    if not likely:
+        return [n] * cfg.dynamic_sampling, n
+    batches, found = [n], n * TYPICAL["varying"]
+    while len(batches) < cfg.dynamic_sampling and found < n:
+        batches.append(n if cfg.dynamic_sampling_refill == "batch" else math.ceil(n - found))
+        found += batches[-1] * TYPICAL["varying"]
+    return batches, min(n, found)
+
+
+def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int,
+                  likely: bool = False) -> tuple[float, float]:
+    """A step's rollout and update seconds with every completion at `t` tokens, its batches and groups trained as
+    sampled_and_trained says."""
     e = EFFICIENCY
-    rows = cfg.prompts_per_step * cfg.num_generations
+    g = cfg.num_generations
     flops, bw = machine.gflops(cfg) * 1e9, machine.bandwidth_gbs * 1e9
     train = e["train_flops_fp32"] if machine.fp32(cfg) else e["train_flops"]
-    batches = max(1, cfg.dynamic_sampling)
-    rollout = batches * _decode_seconds(cfg, shapes, machine, cfg.prompts_per_step, rows, t, prompt_len)
-    tokens = rows * t + cfg.prompts_per_step * prompt_len
+    batches, groups = sampled_and_trained(cfg, likely)
+    rollout = sum(_decode_seconds(cfg, shapes, machine, k, k * g, t, prompt_len) for k in batches)
+    tokens = groups * (g * t + prompt_len)
     per_token = 4 if cfg.use_lora else 6
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
     update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * train) \
@@ -226,10 +254,11 @@ def eval_batches(cfg: TrainConfig) -> list[tuple[int, int, int]]:
     return [(limit, *equal_batches(cfg.eval_size * sets)) for limit, sets in Counter(eval_limits(cfg).values()).items()]
 
 
-def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS) -> float:
-    """The greedy evaluations (eval_batches), every completion at its limit (an upper bound)."""
+def eval_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompt_len: int = PROMPT_TOKENS,
+                 fill: float = 1.0) -> float:
+    """The greedy evaluations (eval_batches), every completion at `fill` of its limit (1: an upper bound)."""
     evaluations = 1 + (len(plan(cfg)) if cfg.eval_every_stage else 1)
-    total = sum(batches * _decode_seconds(cfg, shapes, machine, rows, rows, limit, prompt_len)
+    total = sum(batches * _decode_seconds(cfg, shapes, machine, rows, rows, round(fill * limit), prompt_len)
                 for limit, batches, rows in eval_batches(cfg))
     return evaluations * total
 
@@ -253,30 +282,46 @@ def _decode_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, prompts:
     return seconds * GENERIC_SLOWDOWN["rollout"]
 
 
-def render(cfg: TrainConfig, pred: Prediction, machine: Machine, model: str) -> str:
+def forecast(cfg: TrainConfig, shapes: Shapes, machine: Machine, model: str, completion_len: int | None = None) -> str:
+    """The plan as `cpu-grpo plan` and a run's start print it: likely and at most, or at `completion_len`."""
+    if completion_len:
+        return render(cfg, machine, model, predict(cfg, shapes, machine, completion_len), None, completion_len)
+    return render(cfg, machine, model, predict(cfg, shapes, machine), predict(cfg, shapes, machine, likely=True))
+
+
+def render(cfg: TrainConfig, machine: Machine, model: str, most: Prediction, likely: Prediction | None,
+           completion_len: int | None = None) -> str:
     from ..engine.arch import GENERIC_SLOWDOWN
 
-    h = pred.wall_s / 3600
     stages = plan(cfg)
     own = ", ".join(f"{s.name} {s.max_new_tokens}" for s in stages if s.max_new_tokens != cfg.max_new_tokens)
     prompts = ", ".join(f"{s.name} {s.prompts_per_step}" for s in stages if s.prompts_per_step != cfg.prompts_per_step)
+    first = likely or most
+
+    def bound(value: str) -> str:
+        return f"; at most {value}" if likely else ""
+
     return "\n".join([
         f"plan for {model}: {cfg.prompts_per_step} prompts{f' ({prompts})' if prompts else ''} x "
         f"{cfg.num_generations} samples x "
         f"{cfg.max_new_tokens} tokens{f' ({own})' if own else ''}, "
-        f"{'LoRA' if cfg.use_lora else 'full training'}, {pred.steps} steps "
+        f"{'LoRA' if cfg.use_lora else 'full training'}, {most.steps} steps "
         f"(this machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, fp32 {machine.fp32_gflops:.0f}, memory "
         f"{machine.bandwidth_gbs:.0f} GB/s{'; in fp32 here' if machine.fp32(cfg) else ''})",
-        f"  a step      {pred.step_s:.0f} s (rollout {pred.rollout_s:.0f} s, update {pred.update_s:.0f} s), with "
-        "every completion at the token limit; shorter completions are faster",
-        *([f"              (the rollout: {cfg.dynamic_sampling} batches of prompts, the most dynamic sampling draws)"]
-          if cfg.dynamic_sampling > 1 else []),
-        *([f"              (off the fast path: the generic path's measured slowdown included, "
-             f"{GENERIC_SLOWDOWN['rollout']:.1f}x in rollouts, {GENERIC_SLOWDOWN['update']:.1f}x in updates)"]
-          if not pred.fast else []),
-        f"  peak memory {pred.peak_gb:.1f} GB",
-        f"  evaluation  {pred.eval_s / 60:.0f} min",
-        f"  the run     {pred.wall_s / 60:.0f} min ({h:.1f} h)",
+        f"  a step      {first.step_s:.0f} s (rollout {first.rollout_s:.0f} s, update {first.update_s:.0f} s)"
+        f"{bound(f'{most.step_s:.0f} s')}",
+        f"  evaluation  {first.eval_s / 60:.0f} min{bound(f'{most.eval_s / 60:.0f} min')}",
+        f"  the run     {first.wall_s / 60:.0f} min ({first.wall_s / 3600:.1f} h)"
+        f"{bound(f'{most.wall_s / 3600:.1f} h')}",
+        f"  peak memory {most.peak_gb:.1f} GB",
+        (f"  (completions of {completion_len} tokens)" if completion_len else
+         f"  (likely: completions at {TYPICAL['fill']:.0%} of the limit"
+         + (f", {TYPICAL['varying']:.0%} of the groups with answers that differ" if cfg.dynamic_sampling else "")
+         + ", as in the default profile's runs; at most: every completion at the limit"
+         + (f", {cfg.dynamic_sampling} rollout batches a step" if cfg.dynamic_sampling > 1 else "") + ")"),
+        *([f"  (off the fast path: the generic path's measured slowdown included, "
+           f"{GENERIC_SLOWDOWN['rollout']:.1f}x in rollouts, {GENERIC_SLOWDOWN['update']:.1f}x in updates)"]
+          if not most.fast else []),
     ])
 
 

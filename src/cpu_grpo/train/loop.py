@@ -139,7 +139,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     r.commit = rundir.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
         machine = planner.Machine.measure(0.4)
-        log(planner.render(cfg, planner.predict(cfg, planner.Shapes.of(r.model.config), machine), machine, cfg.model))
+        log(planner.forecast(cfg, planner.Shapes.of(r.model.config), machine, cfg.model))
     stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict()) if world.main else _NoTracker()
