@@ -42,6 +42,9 @@ def test_every_source_gives_the_same_rows(tmp_path):
         assert all(not e.math and e.columns["solution"] == f"w{e.question.split()[-1][:-1]}" for e in train)
         seen.append([(e.question, e.difficulty) for e in test])
     assert all(s == seen[0] for s in seen) and {d for _, d in seen[0]} <= {"easy", "hard"}
+    (tmp_path / "cut.jsonl.gz").write_bytes((tmp_path / "a.jsonl.gz").read_bytes()[:-20])  # a copy cut short
+    with pytest.raises(TaskError, match="not a whole gzip file: compress it again"):
+        load_task(str(tmp_path / "cut.jsonl.gz"))
 
 
 def test_chat_prompts_a_column_map_and_a_saved_dataset(tmp_path):

@@ -45,8 +45,12 @@ def read(spec: str, on_error: str = "raise", bad: list | None = None, limit: int
         return Rows(_parquet(path))
     try:
         data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (gzip.BadGzipFile, EOFError):
+        raise TaskError(f"{spec}: not a whole gzip file: compress it again with gzip, or pass it uncompressed.") \
+            from None
+    try:
         text = data.decode("utf-8")
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
+    except UnicodeDecodeError:
         raise TaskError(f"{spec}: not UTF-8 text: give JSON lines, JSON, CSV (each may be gzipped) or Parquet.") \
             from None
     kind = path.with_suffix("").suffix if path.suffix == ".gz" else path.suffix
