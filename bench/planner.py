@@ -5,17 +5,23 @@
     .venv/bin/python bench/planner.py --set fresh   # 3 more, measured after the memory formula's last change
     .venv/bin/python bench/planner.py --set check --only 0 3
     .venv/bin/python bench/planner.py --set arch    # new architectures (random weights at their real width)
+    .venv/bin/python bench/planner.py --run runs/default-fast-seed0 --machine 170 332 105  # a finished run
 
 Each configuration trains for --steps steps in its own process (its peak RSS is its own) with every completion
 at the token limit (no stop token) and a pseudo-random reward (no group skipped), which is what the planner
 predicts; the last step's seconds are compared with `planner.predict` for the machine measured at the start.
 Prints one markdown table: predicted, measured, and the error of each.
+
+--run: a real run's steps against the planner, stage by stage: the likely forecast (what `cpu-grpo plan` and the
+run's start print) and the forecast at the completion lengths, batches and trained groups each step had; the
+machine as the run's start printed it (--machine BF16 FP32 GB/S) or measured now.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -108,13 +114,65 @@ def child(config: tuple, steps: int) -> dict:
             "peak_gb": max(r["peak_rss_mb"] for r in rows) / 1024}
 
 
+def run_table(run: Path, machine) -> str:
+    """A finished run's steps against the planner, per stage (run_table's docstring: the module's, --run)."""
+    import yaml
+
+    from cpu_grpo.config import build
+    from cpu_grpo.config.stages import plan
+    from cpu_grpo.machine.planner import Shapes, predict, step_seconds
+    from cpu_grpo.rundir import read_jsonl
+
+    cfg = build(None, None, yaml.safe_load((run / "train_config.yaml").read_text()))
+    shapes, stages = Shapes.of_model(cfg.model), plan(cfg)
+    steps = [r for r in read_jsonl(run / "metrics.jsonl") if "step" in r]
+    rows = ["| stage | steps | measured s/step (rollout + update) | at the run's lengths and groups | error |",
+            "|---|---:|---:|---:|---:|"]
+    total = {"measured": 0.0, "actual": 0.0}
+    for i, stage in enumerate(stages):
+        mine = [r for r in steps if r["stage_index"] == i]
+        if not mine:
+            continue
+        c = dataclasses.replace(cfg, prompts_per_step=stage.prompts_per_step)
+        measured = [(r["time_rollout"], r["time_update"]) for r in mine]
+        actual = []
+        for r in mine:  # the batches it sampled, the groups it trained, its mean completion length
+            n, b = c.prompts_per_step, r.get("sample_batches", 1)
+            batches = [n] * (b - 1) + [r["groups"] - n * (b - 1)]
+            actual.append(step_seconds(c, shapes, machine, round(r["completion_len"]), batches,
+                                       round(r["groups"] * (1 - r["frac_skipped"]))))
+        m, a = (tuple(sum(x[j] for x in xs) / len(xs) for j in (0, 1)) for xs in (measured, actual))
+        total["measured"] += sum(m) * len(mine)
+        total["actual"] += sum(a) * len(mine)
+        rows.append(f"| {stage.name} | {len(mine)} | {sum(m):.0f} ({m[0]:.0f} + {m[1]:.0f}) | {sum(a):.0f} "
+                    f"({a[0]:.0f} + {a[1]:.0f}) | {sum(a) / sum(m) - 1:+.0%} |")
+    likely = predict(cfg, shapes, machine, likely=True)
+    peak = max(r["peak_rss_mb"] for r in steps) / 1024
+    rows += ["", f"{len(steps)} steps: measured {total['measured']:.0f} s; at the run's lengths and groups "
+                 f"{total['actual']:.0f} s ({total['actual'] / total['measured'] - 1:+.0%}); likely forecast "
+                 f"{likely.step_s * len(steps):.0f} s ({likely.step_s * len(steps) / total['measured'] - 1:+.0%}). "
+                 f"Peak RSS {peak:.2f} GiB, forecast {likely.peak_gb:.2f} ({likely.peak_gb / peak - 1:+.0%})."]
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", choices=sorted(SETS), default="check")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--only", type=int, nargs="*", default=None)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--run", type=Path, help="a finished run's directory: its steps against the planner")
+    ap.add_argument("--machine", type=float, nargs=3, metavar=("BF16", "FP32", "GBS"),
+                    help="--run: the machine as the run's start printed it (default: measured now)")
     args = ap.parse_args()
+    if args.run:
+        from cpu_grpo.machine.planner import Machine
+
+        machine = Machine(args.machine[0], args.machine[2], args.machine[1]) if args.machine else Machine.measure(2.0)
+        print(f"{args.run}; machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, fp32 {machine.fp32_gflops:.0f}, "
+              f"memory {machine.bandwidth_gbs:.0f} GB/s\n")
+        print(run_table(args.run, machine))
+        return
     if args.child is not None:
         with contextlib.redirect_stdout(sys.stderr):
             result = child(SETS[args.set][args.child], args.steps)

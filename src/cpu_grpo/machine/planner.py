@@ -163,8 +163,8 @@ def predict(cfg: TrainConfig, shapes: Shapes, machine: Machine, completion_len: 
     fill = TYPICAL["fill"] if likely else 1.0
     stages = [(s.steps, s.max_new_tokens, replace(cfg, prompts_per_step=s.prompts_per_step)) for s in plan(cfg)]
     steps = max(1, sum(n for n, _, _ in stages))
-    phases = [(n, _step_seconds(c, shapes, machine, completion_len or round(fill * t), prompt_len, likely))
-              for n, t, c in stages]
+    phases = [(n, step_seconds(c, shapes, machine, completion_len or round(fill * t), *sampled_and_trained(c, likely),
+                               prompt_len)) for n, t, c in stages]
     rollout, update = (sum(n * times[i] for n, times in phases) / steps for i in (0, 1))
     peak = max(peak_gb(c, shapes, completion_len or t, prompt_len, machine.fp32(cfg)) for _, t, c in stages)
     return Prediction(rollout, update, peak, cfg.total_steps, eval_seconds(cfg, shapes, machine, prompt_len, fill),
@@ -188,15 +188,14 @@ def sampled_and_trained(cfg: TrainConfig, likely: bool = False) -> tuple[list[in
     return batches, min(n, found)
 
 
-def _step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, prompt_len: int,
-                  likely: bool = False) -> tuple[float, float]:
-    """A step's rollout and update seconds with every completion at `t` tokens, its batches and groups trained as
-    sampled_and_trained says."""
+def step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, batches: list[int], groups: float,
+                 prompt_len: int = PROMPT_TOKENS) -> tuple[float, float]:
+    """A step's rollout and update seconds with every completion at `t` tokens: rollout batches of `batches`
+    prompts (sampled_and_trained), `groups` groups trained."""
     e = EFFICIENCY
     g = cfg.num_generations
     flops, bw = machine.gflops(cfg) * 1e9, machine.bandwidth_gbs * 1e9
     train = e["train_flops_fp32"] if machine.fp32(cfg) else e["train_flops"]
-    batches, groups = sampled_and_trained(cfg, likely)
     rollout = sum(_decode_seconds(cfg, shapes, machine, k, k * g, t, prompt_len) for k in batches)
     tokens = groups * (g * t + prompt_len)
     per_token = 4 if cfg.use_lora else 6
