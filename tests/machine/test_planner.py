@@ -63,6 +63,8 @@ def test_the_likely_forecast_counts_the_groups_dynamic_sampling_would_find(tiny_
         assert likely.eval_s < most.eval_s and likely.peak_gb == most.peak_gb  # memory: at the limit
     one = predict(cfg(dynamic_sampling=1), shapes, MACHINE, likely=True)
     assert one.update_s < predict(base, shapes, MACHINE, likely=True).update_s  # half the groups trained
+    pods, full = predict(cfg(train_samples=4), shapes, MACHINE), predict(base, shapes, MACHINE)
+    assert pods.update_s < full.update_s and pods.rollout_s == full.rollout_s  # 4 of 8 samples trained
 
 
 def test_a_run_in_fp32_is_planned_at_the_fp32_peak_with_twice_the_bytes(tiny_model):

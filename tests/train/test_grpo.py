@@ -1,10 +1,11 @@
+import itertools
 import math
 
 import pytest
 import torch
 
 from cpu_grpo.engine.logprobs import token_logprobs
-from cpu_grpo.train.grpo import group_advantages, grpo_loss
+from cpu_grpo.train.grpo import group_advantages, grpo_loss, max_variance
 
 ATOL = 1e-6
 LN2 = math.log(2.0)
@@ -13,6 +14,26 @@ LN2 = math.log(2.0)
 def close(actual, expected, atol=ATOL):
     torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
                                torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------------------- max_variance (PODS)
+
+@pytest.mark.parametrize("seed", range(20))
+def test_max_variance_is_the_widest_subset(seed):
+    """Against every subset: the m rewards it picks have the largest variance there is (ties and equal values
+    included: rewards are drawn from a few levels)."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 4, (8,), generator=g).float() / 2 + torch.rand(8, generator=g) * (seed % 2)
+    for m in (2, 3, 4, 6):
+        picked = max_variance(rewards, m)
+        best = max(rewards[list(c)].var().item() for c in itertools.combinations(range(8), m))
+        assert len(set(picked)) == m and picked == sorted(picked)
+        assert rewards[picked].var().item() == pytest.approx(best, abs=1e-6)
+
+
+def test_max_variance_of_all_is_all():
+    assert max_variance(torch.tensor([0.0, 1.0, 0.0, 1.0]), 4) == [0, 1, 2, 3]
+    assert max_variance(torch.tensor([0.0, 1.0, 0.0, 0.0, 1.0]), 2) in ([0, 1], [0, 4], [1, 2], [1, 3], [2, 4], [3, 4])
 
 
 # ---------------------------------------------------------------------------- group_advantages

@@ -25,6 +25,7 @@ from cpu_grpo.engine.models import ModelError
 from cpu_grpo.errors import RunDirError, UserError
 from cpu_grpo.rundir import read_jsonl
 from cpu_grpo.train import checkpoint
+from cpu_grpo.train.grpo import group_advantages
 from cpu_grpo.train.loop import train
 from cpu_grpo.train.runstate import TrainingError
 from cpu_grpo.train.step import teaching
@@ -443,6 +444,27 @@ def test_dynamic_sampling_refills_only_the_missing_groups(tiny_model, tmp_path):
         assert sum(teaches) >= 3 or m["sample_batches"] == 4
         trained = [x for x in step if any(a != 0 for a in x["advantages"])]
         assert trained == [x for x, t in zip(step, teaches, strict=True) if t][:3]
+
+
+def test_train_samples_trains_the_widest_of_each_group(tiny_model, tmp_path, reward_file):
+    """`train_samples: 2` of 4 (PODS): in each group that varies, exactly 2 samples get an advantage, the pair
+    whose totals spread widest, with the advantages of a group of 2; at 4 (all) the run is the default's, bitwise."""
+    out = tmp_path / "pods"
+    train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2, train_samples=2), log=lambda *a: None)
+    groups = [x for x in read_jsonl(out / "groups.jsonl") if not x["zero_std"]]
+    assert groups and all(m["time_update"] > 0 for m in read_jsonl(out / "metrics.jsonl"))
+    for x in groups:
+        total, adv = torch.tensor(x["total"]), x["advantages"]
+        picked = [j for j, a in enumerate(adv) if a != 0]
+        assert len(picked) == 2
+        widest = max(total[list(c)].var().item() for c in itertools.combinations(range(4), 2))
+        assert total[picked].var().item() == pytest.approx(widest, abs=1e-5)
+        assert [adv[j] for j in picked] == pytest.approx(group_advantages(total[picked], 2)[0].tolist(), abs=1e-3)
+    runs = {}
+    for name, kw in (("all", {"train_samples": 4}), ("default", {})):
+        train(tiny_cfg(tiny_model, tmp_path / name, reward_file, eval_size=0, steps=2, **kw), log=lambda *a: None)
+        runs[name] = [(m["loss"], m["grad_norm"]) for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
+    assert runs["all"] == runs["default"]
 
 
 def test_teaching_groups_are_the_first_whose_first_reward_varies():

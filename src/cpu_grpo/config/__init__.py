@@ -105,6 +105,9 @@ class TrainConfig:
     dynamic_sampling_refill: str = _f("batch", "what dynamic sampling draws after the first batch: batch (DAPO: "
                                                "prompts_per_step prompts again) | missing (as many prompts as groups "
                                                "are still missing: fewer rollouts thrown away)")
+    train_samples: int = _f(0, "of each trained group's num_generations samples, train on this many with the widest "
+                               "spread of rewards (PODS max-variance down-sampling, Xu et al. 2025; the advantages "
+                               "are computed over them; 0: all)")
     # -- optimisation
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     lr_scheduler: str = _f("constant", "constant | linear | cosine (after warmup)")
@@ -170,6 +173,8 @@ class TrainConfig:
             (self.dynamic_sampling >= 0, "dynamic_sampling must be >= 0 (rollout batches a step at most; 0: off)"),
             (self.dynamic_sampling_keep in ("first", "hardest"), "dynamic_sampling_keep must be first or hardest"),
             (self.dynamic_sampling_refill in ("batch", "missing"), "dynamic_sampling_refill must be batch or missing"),
+            (self.train_samples == 0 or 2 <= self.train_samples <= self.num_generations,
+             f"train_samples must be 0 (all) or between 2 and num_generations ({self.num_generations})"),
             (self.learning_rate > 0, "learning_rate must be > 0"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping)"),

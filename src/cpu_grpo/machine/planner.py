@@ -197,7 +197,7 @@ def step_seconds(cfg: TrainConfig, shapes: Shapes, machine: Machine, t: int, bat
     flops, bw = machine.gflops(cfg) * 1e9, machine.bandwidth_gbs * 1e9
     train = e["train_flops_fp32"] if machine.fp32(cfg) else e["train_flops"]
     rollout = sum(_decode_seconds(cfg, shapes, machine, k, k * g, t, prompt_len) for k in batches)
-    tokens = groups * (g * t + prompt_len)
+    tokens = groups * ((cfg.train_samples or g) * t + prompt_len)  # PODS trains train_samples of each group
     per_token = 4 if cfg.use_lora else 6
     trainable = shapes.lora_params if cfg.use_lora else shapes.params
     update = per_token * shapes.matmul_params * tokens * cfg.num_iterations / (flops * train) \

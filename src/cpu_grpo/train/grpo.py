@@ -40,6 +40,16 @@ def group_advantages(rewards: Tensor, num_generations: int, scale: str = "group"
     return adv.reshape(-1), {"frac_zero_std": zero_std.float().mean().item(), "reward_std": std.mean().item()}
 
 
+def max_variance(rewards: Tensor, m: int) -> list[int]:
+    """The indices of the `m` rewards with the largest variance (PODS' max-variance down-sampling, Xu et al. 2025):
+    the k largest and the m - k smallest for the best k, which is where that maximum lies; in ascending order."""
+    order = rewards.argsort(stable=True).tolist()
+    if m >= len(order):
+        return sorted(order)
+    splits = [order[:m - k] + order[len(order) - k:] for k in range(m + 1)]
+    return sorted(max(splits, key=lambda rows: rewards[rows].var().item()))
+
+
 def _agg_grpo(per_token: Tensor, mask: Tensor, norm: dict) -> Tensor:
     # mean over each sequence's tokens, then mean over all N sequences of the batch
     seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)

@@ -19,6 +19,8 @@ How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
    would still teach those). `dynamic_sampling_refill: missing` draws, after the first batch, only as many prompts
    as groups are still missing. Every group sampled is logged. `dynamic_sampling_keep: hardest` trains, of the
    groups found, those with the fewest right answers (Kimi k1.5 samples problems by their failure rate).
+8. With `train_samples: m` (PODS, Xu et al., 2025), each kept group trains on the m of its samples whose rewards
+   spread widest (the best k and the worst m - k), its advantages computed over those m: the update costs m/G.
 The run around the step (stages, evaluations, resume, stop, report) is train.py.
 """
 
@@ -38,7 +40,7 @@ from ..engine.rollout import encode_prompts
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
-from .grpo import group_advantages
+from .grpo import group_advantages, max_variance
 from .runstate import Progress, Run, TrainingError
 from .update import Rollout, Update, check_update, update
 
@@ -169,15 +171,17 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
     # ---------------------------------------------------------------- advantage (within each group)
     _, adv_stats = group_advantages(total, g, cfg.scale_rewards)  # of every group sampled
-    rows = torch.tensor([i * g + j for i in keep for j in range(g)], dtype=torch.long)
-    adv = torch.zeros_like(total)  # a group left out by dynamic sampling is not trained: 0 in groups.jsonl
+    m = cfg.train_samples or g  # of each kept group, the samples trained (PODS: the widest spread of rewards)
+    picks = [max_variance(total[i * g:(i + 1) * g], m) for i in keep]
+    rows = torch.tensor([i * g + j for i, pick in zip(keep, picks, strict=True) for j in pick], dtype=torch.long)
+    adv = torch.zeros_like(total)  # a group or sample left out is not trained: 0 in groups.jsonl
     if keep:
-        adv[rows] = group_advantages(total[rows], g, cfg.scale_rewards)[0]
+        adv[rows] = group_advantages(total[rows], m, cfg.scale_rewards)[0]
     solved = all(sampled_correct(cfg, rollout, per_fn))
     all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], solved, r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
-    upd = update(r, ref, rollout.groups(keep, g), adv[rows], stage.max_new_tokens, p.micro_cap)
+    upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
     bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
     record = _record(r, p, drawn, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))

@@ -30,9 +30,15 @@ class Rollout:
     texts: list[str]
     truncated: list[bool]  # cut at the length limit before the model ended it
 
-    def groups(self, idx: list[int], g: int) -> Rollout:
-        """The groups `idx` (in that order) as a rollout of their own."""
-        rows = [i * g + j for i in idx for j in range(g)]
+    @property
+    def group_size(self) -> int:
+        """Completions a problem (0 for no problems)."""
+        return len(self.completions) // len(self.batch) if self.batch else 0
+
+    def groups(self, idx: list[int], g: int, samples: list[list[int]] | None = None) -> Rollout:
+        """The groups `idx` (in that order) as a rollout of their own; of each, the `samples` given (all g by
+        default, the same number for every group)."""
+        rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
         return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
                        [self.completions[k] for k in rows], [self.texts[k] for k in rows],
                        [self.truncated[k] for k in rows])
@@ -59,7 +65,7 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
     """The policy-gradient update on the groups that teach something (completions of up to `limit` tokens), in
     micro-batches of at most `micro_cap` sequences (0: no cap); after running out of memory before its first
     optimizer step, again at half the micro-batch (the cap it returns for the rest of the run)."""
-    cfg, g, world = r.cfg, r.cfg.num_generations, r.world
+    cfg, g, world = r.cfg, rollout.group_size or r.cfg.num_generations, r.world
     skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
     groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
               if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
@@ -95,7 +101,7 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
 def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -> dict:
     """Old (num_iterations > 1) and reference (beta > 0) log-probs of this rank's groups, per micro-batch, computed
     once before the updates."""
-    cfg, g, pad = r.cfg, r.cfg.num_generations, r.tok.pad_token_id
+    cfg, g, pad = r.cfg, rollout.group_size or r.cfg.num_generations, r.tok.pad_token_id
     lengths = [len(c) for c in rollout.completions]
     fixed = {}
     if cfg.num_iterations > 1 or ref is not None:
@@ -114,7 +120,7 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     """One optimizer step over micro-batches of `mb` sequences of this rank's `groups`: the loss's gradient, summed
     over the ranks when any rank trained a group, EWC, clipping, the step (never one with a non-finite gradient).
     Returns this pass's loss sums (this rank's), its gradient norm and whether it stepped."""
-    cfg, model, g = r.cfg, r.model, r.cfg.num_generations
+    cfg, model, g = r.cfg, r.model, rollout.group_size or r.cfg.num_generations
     prompts, completions = rollout.prompts, rollout.completions
     lengths = [len(c) for c in completions]
     norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": limit}
