@@ -168,7 +168,8 @@ def main() -> None:
     if args.run:
         from cpu_grpo.machine.planner import Machine
 
-        machine = Machine(args.machine[0], args.machine[2], args.machine[1]) if args.machine else Machine.measure(2.0)
+        bf16, fp32, gbs = args.machine or (0, 0, 0)
+        machine = Machine(bf16, gbs, fp32_gflops=fp32) if args.machine else Machine.measure(2.0)
         print(f"{args.run}; machine: bf16 {machine.bf16_gflops:.0f} GFLOP/s, fp32 {machine.fp32_gflops:.0f}, "
               f"memory {machine.bandwidth_gbs:.0f} GB/s\n")
         print(run_table(args.run, machine))
