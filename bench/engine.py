@@ -20,6 +20,7 @@ import argparse
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -131,11 +132,23 @@ def bench_cell(model, tok, sampler, machine: Machine, b: int, g: int, new: int, 
 def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = "") -> list[dict]:
     """The default profile's job, cell by cell (prompts x samples x new tokens): rollout and update as a run does
     them, the first repetition a warm-up. `setup`: config fields changed (`k=v,k=v`), e.g. `lora_rollout=merged`
-    to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged."""
+    to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged, and
+    `prompt_once=false`: a group trained in parts runs its prompt again in each part (the engine before
+    2026-11-28 late: batching.SharedPrompts off)."""
+    from unittest import mock
+
+    from cpu_grpo.engine.batching import SharedPrompts
+
+    fields = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in setup.split(",") if kv)}
+    once = fields.pop("prompt_once", True)
+    with mock.patch.object(SharedPrompts, "fit", staticmethod(lambda *a: False)) if not once else nullcontext():
+        return _bench_default(machine, cells, reps, setup, fields)
+
+
+def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fields: dict) -> list[dict]:
     from cpu_grpo.train import runstate, update
 
     start_mb = _reset_peak()
-    fields = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in setup.split(",") if kv)}
     base = {"output_dir": "/tmp/bench-engine-default", "learning_rate": 1e-9, **fields}  # the work, not the learning
     cfg = config.build("default", None, base)
     run, ref, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)

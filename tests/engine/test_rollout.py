@@ -130,28 +130,36 @@ def test_tied_embeddings_reach_the_rollout_copy(tiny_model):
 
 
 def test_parts_of_a_group_add_up_to_the_whole_group(model):
-    """Micro-batches smaller than a group (each part runs the prompt again) give the same log-probs and gradient."""
-    from cpu_grpo.engine.batching import micro_batches
+    """Micro-batches smaller than a group give the same log-probs and gradient, whether each part runs the prompt
+    again or the group's prompt runs once for all its parts (SharedPrompts)."""
+    from cpu_grpo.engine.batching import SharedPrompts, micro_batches
 
     completions = [[1, 2, 3], [4, 5], [5, 6, 7, 8], [9], [12, 13], [14], [3, 3, 3, 3, 3], [7, 8]]  # 2 groups of 4
     weights = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
     results = []
-    for rows in (8, 4, 3):
+    for rows, share in ((8, False), (4, False), (3, False), (3, True), (1, True)):
         model.zero_grad()
         parts = list(micro_batches([0, 1], 4, rows, [len(c) for c in completions]))
         assert sorted(i * 4 + j for p, samples in parts for i in p for j in samples) == list(range(8))
+        shared = SharedPrompts(model, PROMPTS, 0, autocast=False) if share else None
+        assert SharedPrompts.fit(model, rows, 4) == (rows < 4)
         logps = {}
         for part, samples in parts:
             lp, mask = group_logprobs(model, PROMPTS, completions, list(part), 4, 0, 1.0, autocast=False,
-                                      samples=samples)
+                                      samples=samples, prefix=shared.prefix(part) if shared else None)
             idx = [i * 4 + j for i in part for j in samples]
             (lp * mask * weights[idx, :lp.shape[1]]).sum().backward()
             for k, r in enumerate(idx):
                 logps[r] = lp[k, :len(completions[r])].detach()
-        results.append((logps, model.model.layers[0].mlp.up_proj.weight.grad.clone()))
-    for logps, grad in results[1:]:
+        if shared:
+            shared.close()
+        layer = model.model.layers[0]
+        results.append((logps, [p.grad.clone() for p in (layer.mlp.up_proj.weight, layer.self_attn.k_proj.weight,
+                                                         model.model.embed_tokens.weight)]))
+    for logps, grads in results[1:]:
         assert all(torch.allclose(logps[r], results[0][0][r], atol=1e-5) for r in range(8))
-        assert torch.allclose(grad, results[0][1], atol=1e-5)
+        assert all(torch.allclose(g, g0, atol=1e-5) for g, g0 in zip(grads, results[0][1], strict=True))
+    assert results[-1][1][2][11].abs().sum() > 0  # token 11 is in a prompt only: the kept pass's backward ran
 
 
 def test_released_copy_comes_back_with_the_policy_weights(model):

@@ -14,12 +14,13 @@ from .rollout import left_pad
 
 def group_logprobs(model, prompts, completions, groups: list[int], num_generations: int, pad_id: int,
                    temperature: float, autocast: bool, checkpointing: bool = False,
-                   samples: tuple[int, ...] | None = None):
+                   samples: tuple[int, ...] | None = None, prefix: llama.Prefix | None = None):
     """Log-probs (n, T) of the completions of `groups` and their mask (n, T): the given samples of each group
     (indices in 0..G-1; all G by default), so n = len(groups) * len(samples).
 
-    Llama-family models run each prompt once per micro-batch (llama.group_forward); others run the full
-    left-padded prompt + completion sequences through the HF decoder.
+    Llama-family models run each prompt once per micro-batch (llama.group_forward), or not at all with a `prefix`
+    of these groups (SharedPrompts); others run the full left-padded prompt + completion sequences through the HF
+    decoder.
     """
     base, g = (model.get_base_model() if hasattr(model, "get_base_model") else model), num_generations
     samples = samples or tuple(range(g))
@@ -36,7 +37,7 @@ def group_logprobs(model, prompts, completions, groups: list[int], num_generatio
             cmask[r, :len(c)] = 1
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         if llama.supports(base):
-            hidden = llama.group_forward(base, pids, pvalid, cids, rows_per_prompt, checkpointing)
+            hidden = llama.group_forward(base, pids, pvalid, cids, rows_per_prompt, checkpointing, prefix)
         else:
             ids = torch.cat([pids.repeat_interleave(rows_per_prompt, 0), cids], dim=1)
             attn = torch.cat([pvalid.repeat_interleave(rows_per_prompt, 0).long(), cmask.long()], dim=1)
@@ -48,9 +49,42 @@ def group_logprobs(model, prompts, completions, groups: list[int], num_generatio
     return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
 
 
+class SharedPrompts:
+    """The prompt of a group that trains in parts (micro-batches of fewer than G rows) run once, not once a part:
+    `prefix(part)` runs a new group's prompt pass and hands out its keys and values as leaves; the parts' backward
+    passes gather their gradients there, and the pass's own backward runs when the next group starts or at
+    `close()`. The gradients are those of a prompt run with each part (tests/engine/test_rollout.py)."""
+
+    def __init__(self, model, prompts, pad_id: int, autocast: bool, checkpointing: bool = False):
+        self.model, self.prompts, self.pad_id = model, prompts, pad_id
+        self.autocast, self.checkpointing = autocast, checkpointing
+        self.groups, self.held = None, None
+
+    @staticmethod
+    def fit(model, rows: int, num_generations: int) -> bool:
+        """Whether groups train in parts on the llama fast path, where a kept prompt pass saves work."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return rows < num_generations and llama.supports(base)
+
+    def prefix(self, groups: tuple[int, ...]) -> llama.Prefix:
+        if groups != self.groups:
+            self.close()
+            pids, pvalid = left_pad([self.prompts[i] for i in groups], self.pad_id)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                ran = llama.prompt_forward(self.model, pids, pvalid, self.checkpointing)
+            self.groups, self.held = groups, (ran, ran.leaves())
+        return self.held[1]
+
+    def close(self) -> None:
+        """The held prompt pass's backward (call it after the last part's)."""
+        if self.held is not None and torch.is_grad_enabled():
+            self.held[0].backward(self.held[1])
+        self.groups, self.held = None, None
+
+
 def micro_batches(groups: list[int], num_generations: int, rows: int, lengths: list[int] | None = None):
     """Micro-batches of about `rows` sequences as (groups, samples): whole groups when rows >= G, else each
-    group in near-equal parts (its prompt then runs once per part), its samples ordered by completion length
+    group in near-equal parts (SharedPrompts runs its prompt once for them), its samples ordered by completion length
     (`lengths`, one per sequence) so that short ones are padded to short ones."""
     g = num_generations
     if rows >= g:
@@ -117,8 +151,8 @@ def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations
 
 def micro_rows(cfg, prompt_len: int, completion_len: int, num_generations: int, budget: float = MICRO_BUDGET,
                width: int = 2) -> int:
-    """Whole groups while their activations fit `budget` bytes, else parts of a group (each part runs the prompt
-    again: ~5% slower for halves on SmolLM2-135M, for half the activation memory)."""
+    """Whole groups while their activations fit `budget` bytes, else parts of a group (its prompt's pass is kept
+    for the parts: SharedPrompts)."""
     g = num_generations
 
     def held(rows: int, groups: int = 1) -> float:

@@ -154,33 +154,71 @@ def cached_forward(net, projs: list[LayerProjs], ids: Tensor, pos: Tensor, cache
     return rms(x[:, -1], inner.norm, arch.norm_offset)
 
 
+class Prefix(NamedTuple):
+    """A prompt pass kept for completions that run later (group_forward(prefix=...)): per layer the prompts' keys
+    and values as attention takes them (after any q/k norm and the rotary embedding), (b, Hkv, P, D) each; the
+    last prompt position's hidden state before the final norm (b, 1, H)."""
+
+    kv: tuple[tuple[Tensor, Tensor], ...]
+    last: Tensor
+
+    def tensors(self) -> list[Tensor]:
+        return [u for kv in self.kv for u in kv] + [self.last]
+
+    def leaves(self) -> Prefix:
+        """The same values as leaves of their own, which gather the gradients of the passes that use them."""
+        def leaf(u: Tensor) -> Tensor:
+            return u.detach().requires_grad_(u.requires_grad)
+        return Prefix(tuple((leaf(k), leaf(v)) for k, v in self.kv), leaf(self.last))
+
+    def backward(self, leaves: Prefix) -> None:
+        """This pass's backward from the gradients its `leaves` gathered (none gathered: nothing to do)."""
+        pairs = [(u, leaf.grad) for u, leaf in zip(self.tensors(), leaves.tensors(), strict=True)
+                 if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward([u for u, _ in pairs], [grad for _, grad in pairs])
+
+
 def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, rows_per_prompt: int,
-                  checkpointing: bool = False) -> Tensor:
+                  checkpointing: bool = False, prefix: Prefix | None = None) -> Tensor:
     """Hidden states that predict each completion token, with one prompt pass per group.
 
     prompt_ids/prompt_valid (b, P) left-padded; comp_ids (b*G, T) right-padded (padding is attended to
     by nothing that matters: it only follows the real tokens). Returns (b*G, T, H): row t predicts token t.
     Prompt and completion rows go through each projection as one matrix (bigger matmuls); only attention
-    treats them apart.
+    treats them apart. With `prefix` (prompt_forward's, of these prompts) the prompts are not run again: the
+    completions attend to its keys and values, so a group split over micro-batches runs its prompt once.
     """
+    return _forward(model, prompt_ids, prompt_valid, comp_ids, rows_per_prompt, checkpointing, prefix)[0]
+
+
+def prompt_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, checkpointing: bool = False) -> Prefix:
+    """The prompts' pass alone (b, P left-padded), kept for group_forward(prefix=...)."""
+    return _forward(model, prompt_ids, prompt_valid, prompt_ids.new_zeros(0, 0), 1, checkpointing, None)[1]
+
+
+def _forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, g: int, checkpointing: bool,
+             prefix: Prefix | None) -> tuple[Tensor | None, Prefix]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     inner, arch = base.model, arch_of(base)
-    b, p = prompt_ids.shape
+    run_prompts = prefix is None  # else the prompts' keys and values come from the prefix
+    b, p = prompt_valid.shape
     n, t = comp_ids.shape
-    g = rows_per_prompt
+    split = b * p if run_prompts else 0
     p_pos = (prompt_valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, P)
     c_pos = p_pos[:, -1:].repeat_interleave(g, 0) + 1 + torch.arange(t)  # (N, T)
-    x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1), comp_ids.reshape(-1)]))  # (b*P + N*T, H)
+    x = inner.embed_tokens(torch.cat([prompt_ids.reshape(-1)[:split], comp_ids.reshape(-1)]))  # (split + N*T, H)
     # one rotary call over all positions, as for a whole sequence in transformers (longrope's factors follow the
     # longest position of a call), split into prompt tables (b, 1, P, R) and completion tables (N, 1, T, R)
-    tables = rotary_tables(inner, arch, x, torch.cat([p_pos.reshape(-1), c_pos.reshape(-1)])[None])  # (1, 1, M, R)
-    tables_p = {k: tuple(u[0, 0, :b * p].reshape(b, 1, p, -1) for u in cs) for k, cs in tables.items()}
-    tables_c = {k: tuple(u[0, 0, b * p:].reshape(n, 1, t, -1) for u in cs) for k, cs in tables.items()}
+    tables = rotary_tables(inner, arch, x, torch.cat([p_pos.reshape(-1)[:split], c_pos.reshape(-1)])[None])
+    tables_p = {k: tuple(u[0, 0, :split].reshape(-1, 1, p, u.shape[-1]) for u in cs) for k, cs in tables.items()}
+    tables_c = {k: tuple(u[0, 0, split:].reshape(n, 1, t, u.shape[-1]) for u in cs) for k, cs in tables.items()}
     # keys of a completion row: its prompt's P slots, then its own T; slot P+i is completion token i
-    valid_c = torch.cat([prompt_valid.repeat_interleave(g, 0), torch.ones(n, t, dtype=torch.bool)], dim=-1)
+    rows = prompt_valid.repeat_interleave(g, 0)  # (b*G, P): none in a prompts-only pass (N = 0)
+    valid_c = torch.cat([rows, torch.ones(len(rows), t, dtype=torch.bool)], dim=-1)[:n]
     masks = {w: (_seen(prompt_valid[:, None, None, :] & causal_mask(p, 0, w)),  # (b, 1, P, P)
                  valid_c[:, None, None, :] & causal_mask(t, p, w)) for w in set(arch.window)}  # (N, 1, T, P+T)
-    split, off = b * p, arch.norm_offset
+    off = arch.norm_offset
 
     def layer_fn(layer, x, i):
         attn, d = layer.self_attn, layer.self_attn.head_dim
@@ -188,25 +226,41 @@ def group_forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Ten
         q, k, v = _project(attn, rms(x, ln_attn, off), arch)
         qn, kn = (attn.q_norm, attn.k_norm) if arch.qk_norm else (None, None)
         tp, tc = tables_p.get(arch.rope[i]), tables_c.get(arch.rope[i])
-        qp, kp = _heads(q[:split], b, p, d, tp, qn, off), _heads(k[:split], b, p, d, tp, kn, off)
-        qc, kc = _heads(q[split:], n, t, d, tc, qn, off), _heads(k[split:], n, t, d, tc, kn, off)
-        vp, vc = v[:split].view(b, p, -1, d).transpose(1, 2), v[split:].view(n, t, -1, d).transpose(1, 2)
         mask_p, mask_c = masks[arch.window[i]]
-        ap = attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)  # (b, H, P, D)
-        keys = torch.cat([kp.repeat_interleave(g, 0), kc], dim=2)  # (N, Hkv, P+T, D)
-        values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
-        ac = attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)  # (N, H, T, D)
-        a = torch.cat([ap.transpose(1, 2).reshape(split, -1), ac.transpose(1, 2).reshape(n * t, -1)])
-        return _mlp(layer, x + post_norm(attn.o_proj(a), ln_attn_out, off), arch)
+        parts = []
+        if run_prompts:
+            qp, kp = _heads(q[:split], b, p, d, tp, qn, off), _heads(k[:split], b, p, d, tp, kn, off)
+            vp = v[:split].view(b, p, -1, d).transpose(1, 2)
+            parts.append(attention(qp, kp.transpose(-1, -2), vp, mask_p, attn.scaling)  # (b, H, P, D)
+                         .transpose(1, 2).reshape(split, -1))
+        else:
+            kp, vp = prefix.kv[i]
+        if n:
+            qc, kc = _heads(q[split:], n, t, d, tc, qn, off), _heads(k[split:], n, t, d, tc, kn, off)
+            vc = v[split:].view(n, t, -1, d).transpose(1, 2)
+            keys = torch.cat([kp.repeat_interleave(g, 0), kc], dim=2)  # (N, Hkv, P+T, D)
+            values = torch.cat([vp.repeat_interleave(g, 0), vc], dim=2)
+            parts.append(attention(qc, keys.transpose(-1, -2), values, mask_c, attn.scaling)  # (N, H, T, D)
+                         .transpose(1, 2).reshape(n * t, -1))
+        a = torch.cat(parts) if len(parts) > 1 else parts[0]
+        x = _mlp(layer, x + post_norm(attn.o_proj(a), ln_attn_out, off), arch)
+        return (x, kp, vp) if run_prompts else (x,)
 
+    kv = []
     for i, layer in enumerate(inner.layers):
         if checkpointing and torch.is_grad_enabled():
-            x = torch.utils.checkpoint.checkpoint(layer_fn, layer, x, i, use_reentrant=False)
+            out = torch.utils.checkpoint.checkpoint(layer_fn, layer, x, i, use_reentrant=False)
         else:
-            x = layer_fn(layer, x, i)
+            out = layer_fn(layer, x, i)
+        x = out[0]
+        kv.append(out[1:])
+    if run_prompts:
+        prefix = Prefix(tuple(kv), x[:split].view(b, p, -1)[:, -1:])
+    if not n:
+        return None, prefix
     # the last prompt position predicts completion token 0; completion position t predicts token t+1
-    last_p = x[:split].view(b, p, -1)[:, -1:].repeat_interleave(g, 0)  # (N, 1, H)
-    return rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm, off)
+    last_p = prefix.last.repeat_interleave(g, 0)  # (N, 1, H)
+    return rms(torch.cat([last_p, x[split:].view(n, t, -1)[:, :-1]], dim=1), inner.norm, off), prefix
 
 
 def _fused_groups(layer) -> tuple[tuple[str, tuple[str, ...]], ...]:

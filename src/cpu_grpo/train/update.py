@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ..data import tasks
-from ..engine.batching import auto_micro_rows, group_logprobs, micro_batches
+from ..engine.batching import SharedPrompts, auto_micro_rows, group_logprobs, micro_batches
 from .grpo import grpo_loss
 from .runstate import Progress, Run, TrainingError
 
@@ -126,9 +126,12 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": limit}
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     r.opt.zero_grad(set_to_none=True)
+    shared = SharedPrompts(model, prompts, r.tok.pad_token_id, r.autocast, cfg.gradient_checkpointing) \
+        if SharedPrompts.fit(model, mb, g) else None  # a group in parts: its prompt runs once
     for part, samples in micro_batches(groups, g, mb, lengths):
         logp, mask = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id, cfg.temperature,
-                                    r.autocast, cfg.gradient_checkpointing, samples)
+                                    r.autocast, cfg.gradient_checkpointing, samples,
+                                    shared.prefix(part) if shared else None)
         rows = [i * g + j for i in part for j in samples]
         loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
                              fixed.get((part, samples, "ref")), adv[rows], mask, norm,
@@ -137,6 +140,8 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
         sums["loss"] += loss.item()
         for key, v in st.items():
             sums[key] += v
+    if shared:
+        shared.close()
     if any_rank:
         r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
     # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
