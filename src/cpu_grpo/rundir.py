@@ -4,6 +4,7 @@ run lock, and the code version a run records. Everything that reads or writes a 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import re
 from pathlib import Path
@@ -70,11 +71,15 @@ def _jsonable(x):
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSONL file; a half-written last line (a run still writing) is skipped, not an error."""
+    """Records of a JSONL file, gzipped or not (results/ cards keep evaluations as .jsonl.gz); a half-written last
+    line (a run still writing) is skipped, not an error, and so is any line that is not JSON."""
     out = []
     if not Path(path).exists():
         return out
-    for line in Path(path).read_text().splitlines():
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":  # gzip's magic
+        raw = gzip.decompress(raw)
+    for line in raw.decode(errors="replace").splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:

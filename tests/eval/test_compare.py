@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -98,6 +99,12 @@ def test_compare_two_evaluations_pairs_every_metric(tmp_path, capsys):
     assert "share no problem: evaluate both with the same --task, --n and --seed" in capsys.readouterr().err
     jsonl(b, [{"step": 1, "reward": 0.5}])  # a metrics file is no evaluation
     assert main(["compare", str(a), str(b)]) == 2
+    assert "is not an evaluation" in capsys.readouterr().err
+    gz = tmp_path / "trained.jsonl.gz"  # as results/ cards keep them
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records([True] * 4)).encode()))
+    assert main(["compare", str(a), str(gz)]) == 0 and "| +75.0 (" in capsys.readouterr().out
+    (tmp_path / "model.bin").write_bytes(bytes(range(256)))  # a binary file: one sentence, not a traceback
+    assert main(["compare", str(a), str(tmp_path / "model.bin")]) == 2
     assert "is not an evaluation" in capsys.readouterr().err
 
 
