@@ -25,10 +25,9 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
+from .decode import PrefixCache, decode_step
 from .llama import (
-    PrefixCache,
     cached_forward,
-    decode_step,
     fuse_projections,
     fused_names,
     plain_layer,
