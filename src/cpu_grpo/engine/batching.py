@@ -63,8 +63,7 @@ class SharedPrompts:
     @staticmethod
     def fit(model, rows: int, num_generations: int) -> bool:
         """Whether groups train in parts on the llama fast path, where a kept prompt pass saves work."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return rows < num_generations and llama.supports(base)
+        return rows < num_generations and llama.supports(model)  # supports() looks through a peft wrapper
 
     def prefix(self, groups: tuple[int, ...]) -> llama.Prefix:
         if groups != self.groups:
