@@ -59,7 +59,8 @@ WORKLOADS = {  # --workload: model, prompts, samples, new tokens, temperature, s
 }
 LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 SETUP_TEXT = {"fast": "fast: bf16 autocast, no grad ckpt", "default": "default: fp32, grad ckpt",
-              "ours": "bf16 rollouts + autocast, no grad ckpt"}
+              "ours": "bf16 rollouts + autocast, no grad ckpt",
+              "ours-merged": "bf16 rollouts (LoRA merged into a bf16 copy) + autocast, no grad ckpt"}
 
 
 def rss_mb() -> float:
@@ -230,14 +231,16 @@ def run_ours(args) -> dict:
                           learning_rate=args.learning_rate, beta=0.0, loss_type="dapo", scale_rewards="group",
                           rewards=["correctness", "format"], reward_weights=REWARD_WEIGHTS, score_truncated=True,
                           save_every=0, output_dir=str(Path(tmp) / "run"), seed=0, threads=args.threads,
-                          use_lora=bool(args.lora), lora_r=LORA["r"], lora_alpha=LORA["lora_alpha"])
+                          use_lora=bool(args.lora), lora_r=LORA["r"], lora_alpha=LORA["lora_alpha"],
+                          lora_rollout=args.lora_rollout)
         run = train(cfg, log=log)
         rows = read_jsonl(run / "metrics.jsonl")
         by_step: dict[int, set] = {}
         for g in read_jsonl(run / "groups.jsonl"):
             by_step.setdefault(g["step"], set()).add(g["question"])
     return {
-        "trainer": "ours", "setup": "ours", "torch_version": torch.__version__, "threads": torch.get_num_threads(),
+        "trainer": "ours", "setup": "ours-merged" if args.lora and args.lora_rollout == "merged" else "ours",
+        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
         "step_seconds": [r["step_seconds"] for r in rows], "peak_rss_mb_steps": rows[-1]["peak_rss_mb"],
         "completion_len": [r["completion_len"] for r in rows], "completions_per_step": args.prompts * args.generations,
         "reward": [r["reward"] for r in rows], "questions": [sorted(by_step[s]) for s in sorted(by_step)],
@@ -264,7 +267,7 @@ def run_child(args, which: str, setup: str) -> dict | None:
            "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--learning-rate", str(args.learning_rate), "--train-size", str(args.train_size),
-           "--threads", str(args.threads), *(["--lora"] if args.lora else [])]
+           "--threads", str(args.threads), "--lora-rollout", args.lora_rollout, *(["--lora"] if args.lora else [])]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1"}
     log(f"\n==== {which} ({setup}) ====")
@@ -343,6 +346,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="torch threads in both children (0: one per physical core)")
     p.add_argument("--trl-setup", choices=["fast", "default", "both"], default="fast",
                    help="fast: bf16, no gradient checkpointing; default: fp32, gradient checkpointing")
+    p.add_argument("--lora-rollout", choices=["unmerged", "merged"], default="unmerged",
+                   help="ours, with --lora: how rollouts apply the adapters (the config field lora_rollout)")
     p.add_argument("--out", help="also write the raw numbers to this JSON file")
     p.add_argument("--child", choices=["trl", "ours"], help=argparse.SUPPRESS)
     p.add_argument("--setup", default="fast", help=argparse.SUPPRESS)
