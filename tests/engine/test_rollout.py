@@ -158,7 +158,10 @@ def test_parts_of_a_group_add_up_to_the_whole_group(model):
                                                          model.model.embed_tokens.weight)]))
     for logps, grads in results[1:]:
         assert all(torch.allclose(logps[r], results[0][0][r], atol=1e-5) for r in range(8))
-        assert all(torch.allclose(g, g0, atol=1e-5) for g, g0 in zip(grads, results[0][1], strict=True))
+        # fp32 sums in another order: differences of ~1e-6 of the gradient's largest entry (the embeddings' reaches
+        # 28 in this model: 1.9e-5 seen on an AMD EPYC); a prompt's gradient missing or counted twice is O(1)
+        assert all(torch.allclose(g, g0, atol=1e-5 * max(1.0, float(g0.abs().max())))
+                   for g, g0 in zip(grads, results[0][1], strict=True))
     assert results[-1][1][2][11].abs().sum() > 0  # token 11 is in a prompt only: the kept pass's backward ran
 
 

@@ -156,3 +156,16 @@ def test_summary_reads_the_work_again(tmp_path):
     summary = report.write_summary(run, cfg, 1, 1.0, log=lambda *a: None)
     steps = summary["metrics"]["intermediate"]["calc_steps"]
     assert steps["before"]["mean"] == steps["after"]["mean"] == 2.0
+
+
+def test_problems_that_changed_when_the_base_records_keep_no_text(tmp_path):
+    # a run may reuse a base evaluation from a results card, whose compact records keep no completion
+    (tmp_path / "eval_before.jsonl").write_text(records("basic", [False, True]))
+    after = [{"id": i, "difficulty": "basic", "correct": True, "question": f"q{i}", "answer": "1",
+              "completion": "\\boxed{1}"} for i in range(2)]
+    (tmp_path / "eval_after.jsonl").write_text("".join(json.dumps(r) + "\n" for r in after))
+    assert report._samples(tmp_path) == "(problems changed: 1; their records keep no completions to show)"
+    with_text = [dict(r, completion="no idea", question=f"q{r['id']}", answer="1") for r in
+                 map(json.loads, records("basic", [False, True]).splitlines())]
+    (tmp_path / "eval_before.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_text))
+    assert report._samples(tmp_path).startswith("**q0** (answer 1)\n\n- before (wrong): 'no idea'\n- after (right)")

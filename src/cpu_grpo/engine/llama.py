@@ -218,7 +218,7 @@ def _forward(model, prompt_ids: Tensor, prompt_valid: Tensor, comp_ids: Tensor, 
     # keys of a completion row: its prompt's P slots, then its own T; slot P+i is completion token i
     rows = prompt_valid.repeat_interleave(g, 0)  # (b*G, P): none in a prompts-only pass (N = 0)
     valid_c = torch.cat([rows, torch.ones(len(rows), t, dtype=torch.bool)], dim=-1)[:n]
-    masks = {w: (_seen(prompt_valid[:, None, None, :] & causal_mask(p, 0, w)),  # (b, 1, P, P)
+    masks = {w: (_seen(prompt_valid[:, None, None, :] & causal_mask(p, 0, w)) if run_prompts else None,  # (b,1,P,P)
                  valid_c[:, None, None, :] & causal_mask(t, p, w)) for w in set(arch.window)}  # (N, 1, T, P+T)
 
     def layer_fn(layer, x, i):

@@ -29,10 +29,12 @@ def _curve(metrics: list[dict], key: str, points: int = 8) -> str:
 def _samples(run: Path, k: int = 3) -> str:
     before = {r["id"]: r for r in read_jsonl(run / "eval_before.jsonl")}
     after = read_jsonl(run / "eval_after.jsonl")
-    changed = [r for r in after if r["id"] in before and r["correct"] != before[r["id"]]["correct"]][:k]
+    changed = [(before[r["id"]], r) for r in after if r["id"] in before and r["correct"] != before[r["id"]]["correct"]]
+    shown = [(b, r) for b, r in changed if "completion" in b and "completion" in r][:k]
+    if changed and not shown:  # a base evaluation reused from a results card, whose records keep no text
+        return f"(problems changed: {len(changed)}; their records keep no completions to show)"
     out = []
-    for r in changed:
-        b = before[r["id"]]
+    for b, r in shown:
         out.append(f"**{r['question']}** (answer {r['answer']})\n\n"
                    f"- before ({'right' if b['correct'] else 'wrong'}): {b['completion'].strip()[:600]!r}\n"
                    f"- after ({'right' if r['correct'] else 'wrong'}): {r['completion'].strip()[:600]!r}\n")
