@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from cpu_grpo.engine import llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.rollout import Sampler, Sampling, sample_token
+from cpu_grpo.engine.rollout import SAMPLE_BLOCK, Sampler, Sampling, sample_token, sample_work
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
 
@@ -84,6 +84,22 @@ def test_sample_token_respects_top_k_and_distribution():
     assert sample_token(logits[:1000], 1.0, 2, 1.0, g).max() <= 1  # top-2 keeps tokens 0 and 1
     assert sample_token(logits[:1000], 1.0, 0, 0.6, g).max() <= 1  # 0.5 + 0.3 reaches top_p 0.6
     assert (sample_token(logits[:5], 0.0, 0, 1.0, g) == 0).all()  # temperature 0: greedy
+
+
+def test_sample_token_across_blocks():
+    """The two-level draw: words at both edges of blocks, in a vocabulary that is not a whole number of blocks,
+    drawn as often as their tempered probabilities say, with a shared work buffer of more rows."""
+    words = torch.tensor([5, SAMPLE_BLOCK - 1, SAMPLE_BLOCK, 2 * SAMPLE_BLOCK - 1, 2 * SAMPLE_BLOCK + 451])
+    logits = torch.full((40000, 2 * SAMPLE_BLOCK + 452), -30.0)
+    logits[:, words] = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.15, 0.25]))
+    g = torch.Generator().manual_seed(0)
+    tok = sample_token(logits.bfloat16(), 0.5, 0, 1.0, g, sample_work(50000, logits.shape[1]))
+    freq = torch.bincount(tok, minlength=logits.shape[1]).float() / len(tok)
+    want = (logits[0] / 0.5).softmax(-1)
+    assert freq[words].sum() > 0.999
+    assert torch.allclose(freq[words], want[words], atol=0.01)
+    again = sample_token(logits.bfloat16(), 0.5, 0, 1.0, torch.Generator().manual_seed(0))
+    assert torch.equal(tok, again)  # seeded: the same draws with or without a kept buffer
 
 
 def test_group_logprobs_fast_path_matches_full_forward(model):
@@ -230,3 +246,25 @@ def test_full_fine_tuning_copy_shares_nothing(model):
     sampler = Sampler(model, dtype=torch.bfloat16)
     theirs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     assert not any(p.untyped_storage().data_ptr() in theirs for p in sampler.net.parameters())
+
+
+def test_packed_projection_equals_linear():
+    """A weight packed for oneDNN (llama.pack) gives F.linear's result bit for bit, at any number of rows; where
+    oneDNN does not run, pack says so (None) and sampling keeps F.linear."""
+    w, b = torch.randn(96, 40).bfloat16(), torch.randn(96).bfloat16()
+    packed = llama.pack(w)
+    if packed is None:
+        pytest.skip("no oneDNN bf16 linear on this build or machine")
+    for rows in (1, 7, 64):
+        x = torch.randn(rows, 40).bfloat16()
+        assert torch.equal(llama.Proj(w, b, packed=packed)(x), torch.nn.functional.linear(x, w, b))
+    assert llama.pack(w.float()) is None  # fp32 sampling keeps F.linear
+
+
+def test_sampler_release_drops_packed_weights_and_samples_again(model):
+    sampler = Sampler(model)
+    prompts = [PROMPTS[0]]
+    before = sampler.generate(prompts, 2, Sampling(5, (), 0), torch.Generator().manual_seed(3))
+    sampler.release()
+    assert sampler.projs is None and sampler.head is None
+    assert sampler.generate(prompts, 2, Sampling(5, (), 0), torch.Generator().manual_seed(3)) == before

@@ -291,17 +291,38 @@ def plain_layer(module):
     return getattr(module, "base_layer", module)
 
 
+def pack(w: Tensor) -> Tensor | None:
+    """A bf16 weight (out, in) in oneDNN's blocked layout for `linear_packed`, or None where that is not on offer
+    (another dtype, a torch without oneDNN, a CPU it does not run on). F.linear reorders its weight on every
+    call; a pre-packed one does not: on a 2-core AMD EPYC, a 64-row decode step's matmuls at 394-432 GFLOP/s
+    instead of 308-358, 16 rows 1.4-1.8x faster, results bitwise equal (bench/README.md). This is what
+    inductor's weight freezing and IPEX do for CPU inference."""
+    if w.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach(), 64)
+    except (RuntimeError, AttributeError):  # no such kernel on this build or machine
+        return None
+
+
+def linear_packed(x: Tensor, packed: Tensor, b: Tensor | None = None) -> Tensor:
+    """x @ w.T + b for a weight packed by `pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [None], "")
+
+
 class Proj:
     """A frozen linear map for sampling: x @ w.T + b, plus an optional low-rank term (x @ a.T) @ bt (a LoRA
-    adapter kept apart from its base weight: bt is B.T with the scaling folded in), added in place."""
+    adapter kept apart from its base weight: bt is B.T with the scaling folded in), added in place. `packed`:
+    w in oneDNN's layout (`pack`), used instead of w where given."""
 
-    __slots__ = ("w", "b", "a", "bt")
+    __slots__ = ("w", "b", "a", "bt", "packed")
 
-    def __init__(self, w: Tensor, b: Tensor | None = None, a: Tensor | None = None, bt: Tensor | None = None):
-        self.w, self.b, self.a, self.bt = w, b, a, bt
+    def __init__(self, w: Tensor, b: Tensor | None = None, a: Tensor | None = None, bt: Tensor | None = None,
+                 packed: Tensor | None = None):
+        self.w, self.b, self.a, self.bt, self.packed = w, b, a, bt, packed
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.w, self.b)
+        y = F.linear(x, self.w, self.b) if self.packed is None else linear_packed(x, self.packed, self.b)
         if self.a is not None:
             y.view(-1, y.shape[-1]).addmm_(F.linear(x, self.a).view(-1, self.a.shape[0]), self.bt)
         return y
@@ -316,8 +337,9 @@ class LayerProjs(NamedTuple):
 
 def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
     """Per layer, the four projections a sampling step runs: fused q/k/v and gate/up buffers (fuse_projections),
-    o and down from the modules. `lora(modules)` -> (a, bt) or None gives the low-rank term of a group of
-    modules stacked as one projection (rollout.Sampler, for LoRA sampled unmerged)."""
+    o and down from the modules, their weights packed for oneDNN where it runs (`pack`). `lora(modules)` ->
+    (a, bt) or None gives the low-rank term of a group of modules stacked as one projection (rollout.Sampler, for
+    LoRA sampled unmerged)."""
     out = []
     for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
@@ -326,7 +348,8 @@ def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
                  "o": (plain_layer(attn.o_proj).weight, plain_layer(attn.o_proj).bias, [attn.o_proj]),
                  "gate_up": (wgu, None, [getattr(mlp, name) for name in gu_names]),
                  "down": (plain_layer(mlp.down_proj).weight, plain_layer(mlp.down_proj).bias, [mlp.down_proj])}
-        out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or ())) for k, (w, b, mods) in parts.items()}))
+        out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or (None, None)), packed=pack(w))
+                                 for k, (w, b, mods) in parts.items()}))
     return out
 
 

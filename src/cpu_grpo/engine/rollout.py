@@ -27,9 +27,11 @@ from torch import Tensor
 from ..errors import UserError
 from .decode import PrefixCache, decode_step
 from .llama import (
+    Proj,
     cached_forward,
     fuse_projections,
     fused_names,
+    pack,
     plain_layer,
     sampling_projections,
     supports,
@@ -80,19 +82,21 @@ class Sampler:
             self.fast = fast and supports(self.net)
             self.fused = fuse_projections(self.net) if self.fast else None
             self.fused_names = fused_names(self.net) if self.fast else set()
-        self.projs = None
+        self.projs = self.head = None
         self.released: dict | None = None
         self.refresh()
 
     def release(self) -> None:
-        """Free the copy's weights until the next refresh() (which the training loop calls after each update):
-        the update does not use them, and its activations can have the memory (270 MB for SmolLM2-135M).
-        Sampling unmerged, there is no copy to free."""
+        """Free what only sampling uses until the next refresh() (which the training loop calls after each update):
+        the weights packed for oneDNN (llama.pack: a bf16 copy of every matmul weight, repacked in ~0.3 s for the
+        0.5B Qwen) and the copy's weights (270 MB for SmolLM2-135M; sampling unmerged there is no copy). The
+        update does not use them, and its activations can have the memory."""
+        self.projs = self.head = None
         if self.released is None and not self.unmerged:
             self.released = {id(p): p.shape for p in self.net.parameters()}
             for p in self.net.parameters():
                 p.data = torch.empty(0, dtype=p.dtype)
-            self.fused = self.projs = None
+            self.fused = None
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -105,6 +109,7 @@ class Sampler:
         """
         if self.unmerged:  # only the adapters, cast and stacked for sampling
             self.projs = sampling_projections(self.net, self.fused, functools.partial(_lora_term, dtype=self.dtype))
+            self.head = _output_layer(self.net)
             return
         deltas = _lora_deltas(self.policy)
         theirs = {_plain_name(name): p for name, p in self.policy.named_parameters(remove_duplicate=False)}
@@ -130,6 +135,7 @@ class Sampler:
                 mine[name].copy_(p + deltas[name]() if name in deltas else p)
         if self.fast:
             self.projs = sampling_projections(self.net, self.fused)
+            self.head = _output_layer(self.net)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: Sampling,
@@ -142,11 +148,18 @@ class Sampler:
         if context and longest + limit > context:
             raise PromptTooLong(f"a prompt of {longest} tokens plus {limit} new tokens exceeds the model's "
                                 f"context of {context}: shorten or drop that question, or lower the token limit")
-        if self.released is not None:
+        if self.released is not None or (self.fast and self.projs is None):
             self.refresh()
         if not self.fast:
             return _hf_generate(self.net, prompts, num_generations, sampling, generator)
-        return _fast_generate(self.net, self.projs, prompts, num_generations, sampling, generator)
+        return _fast_generate(self.net, self.projs, self.head, prompts, num_generations, sampling, generator)
+
+
+def _output_layer(net):
+    """The output layer as sampling runs it: packed for oneDNN where it runs (llama.pack), else as it is."""
+    head = net.lm_head
+    packed = pack(head.weight) if isinstance(head, torch.nn.Linear) else None  # not under a LoRA wrapper
+    return head if packed is None else Proj(head.weight, head.bias, packed=packed)
 
 
 def _empty_copy(base, dtype: torch.dtype):
@@ -245,24 +258,49 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, valid
 
 
+# the inverse-CDF draw's block: the first search runs over the per-block sums, the second inside one block
+SAMPLE_BLOCK = 1024
+
+
+def sample_work(rows: int, vocab: int) -> Tensor:
+    """The fp32 buffer sample_token writes its probabilities into (rows, vocab rounded up to SAMPLE_BLOCK); kept
+    across a rollout's steps: a fresh 39 MB buffer a step (64 rows, 151,936 words) costs ~10 ms of page faults."""
+    return torch.empty(rows, -(-vocab // SAMPLE_BLOCK) * SAMPLE_BLOCK)
+
+
 def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
-                 generator: torch.Generator | None) -> Tensor:
-    """logits (N, V) -> token ids (N,); temperature 0 means greedy."""
+                 generator: torch.Generator | None, work: Tensor | None = None) -> Tensor:
+    """logits (N, V) -> token ids (N,); temperature 0 means greedy. `work`: a sample_work buffer of >= N rows.
+
+    Inverse-CDF sampling with one uniform per row (torch.multinomial draws V exponentials per row: 45 ms a step
+    at 64 rows), in two levels: the row's mass per block of SAMPLE_BLOCK words, then the words of the block the
+    uniform falls in; a full cumulative sum over V words and a softmax cost 2.5x more (bench/README.md).
+    """
     if temperature <= 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    n, v = logits.shape
+    z = (sample_work(n, v) if work is None else work)[:n]
+    z[:, v:] = -math.inf  # the padding to whole blocks: probability 0
+    x = z[:, :v]
+    x.copy_(logits).mul_(1 / temperature)
     if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
+        kth = torch.topk(x, min(top_k, v), dim=-1).values[:, -1:]
+        x.masked_fill_(x < kth, -math.inf)
     if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest set whose mass reaches top_p
-        logits = logits.masked_fill(drop.scatter(-1, idx, drop), -math.inf)
-    # inverse-CDF sampling: one uniform per row (torch.multinomial draws V exponentials per row: 45 ms a step)
-    cdf = logits.softmax(-1).cumsum(-1)  # (N, V)
-    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        sorted_logits, idx = torch.sort(x, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest set whose mass reaches top_p
+        x.masked_fill_(drop.scatter(-1, idx, drop), -math.inf)
+    nb = z.shape[1] // SAMPLE_BLOCK
+    p = z.sub_(x.amax(-1, keepdim=True)).exp_().view(n, nb, SAMPLE_BLOCK)  # unnormalised probabilities
+    mass = p.sum(-1)  # (N, blocks)
+    cum = mass.cumsum(-1)
+    u = torch.rand(n, 1, generator=generator) * cum[:, -1:]
+    block = torch.searchsorted(cum, u).clamp_(max=nb - 1)  # (N, 1)
+    u = u - (cum.gather(-1, block) - mass.gather(-1, block))  # the uniform's place inside its block
+    inside = p.gather(1, block[:, :, None].expand(n, 1, SAMPLE_BLOCK)).squeeze(1).cumsum(-1)
+    word = torch.searchsorted(inside, u).clamp_(max=SAMPLE_BLOCK - 1)
+    return (block * SAMPLE_BLOCK + word).squeeze(-1).clamp_(max=v - 1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -274,7 +312,7 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
 PREFILL_TOKENS = 4096
 
 
-def _fast_generate(net, projs, prompts, num_generations: int, sampling: Sampling, generator):
+def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sampling, generator):
     cfg, s, max_new_tokens = net.config, sampling, sampling.max_new_tokens
     b, g = len(prompts), num_generations
     ids, valid = left_pad(prompts, s.pad_id)
@@ -289,12 +327,13 @@ def _fast_generate(net, projs, prompts, num_generations: int, sampling: Sampling
                       for r in parts])  # (B, H)
     cache = PrefixCache(prompt_cache, valid, g, max_new_tokens)
     next_pos = pos[:, -1].repeat_interleave(g, 0) + 1  # (N,)
-    logits = net.lm_head(last).repeat_interleave(g, 0)  # (N, V)
+    logits = head(last).repeat_interleave(g, 0)  # (N, V)
     out: list[list[int]] = [[] for _ in range(b * g)]
     eos = torch.tensor(list(s.stops))
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
+    work = sample_work(b * g, logits.shape[-1])
     for step in range(max_new_tokens):
-        tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator)
+        tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work)
         for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
             if not d:
                 out[r].append(t)
@@ -307,7 +346,7 @@ def _fast_generate(net, projs, prompts, num_generations: int, sampling: Sampling
             tok, next_pos, done = tok[keep], next_pos[keep], done[keep]
         last = decode_step(net, projs, cache, tok, next_pos, step)
         next_pos = next_pos + 1
-        logits = net.lm_head(last)
+        logits = head(last)
     return out
 
 
