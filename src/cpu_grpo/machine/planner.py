@@ -14,8 +14,9 @@ What a step costs:
   weight gradient for the frozen base), prompts run once per group, plus the optimizer's pass over the
   trainable weights;
 - memory: weights (fp32 masters, gradients and AdamW state for full training; a bf16 base and small adapters
-  with LoRA), the sampler's bf16 copy and KV cache (a rollout's or an evaluation batch's, and a prefill call's
-  activations), the activations the backward keeps (batching.py) with a chunk of bf16 logits, and the process.
+  with LoRA), the sampler's bf16 copy, its weights packed for oneDNN and its KV cache (a rollout's or an
+  evaluation batch's, and a prefill call's activations), the activations the backward keeps (batching.py) with
+  a chunk of bf16 logits, and the process.
 A run computes in fp32 where its `bf16` setting says so (auto: where fp32 matmuls beat bf16 ones by
 machine.doctor.FP32_MARGIN): then its update at the fp32 peak (its own efficiency), its decoding at bf16's (one
 measurement: no faster), with every bf16 value above twice the bytes.
@@ -237,6 +238,8 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len) + prefill(cfg.prompts_per_step)
     for limit, _, n in eval_batches(cfg):
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + prefill(n) + 4 * shapes.vocab * n)
+    if not fp32:  # bf16 sampling multiplies by a oneDNN-packed copy of every matmul weight (llama.pack)
+        sampling += 2 * shapes.matmul_params
     micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations,
                                                          width=b))
     activations = activation_bytes(c, prompt_len, completion_len, micro, max(1, micro // cfg.num_generations), width=b)

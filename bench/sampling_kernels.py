@@ -1,0 +1,72 @@
+"""Sampling's two kernels alone, before and after issue 49's changes, at the default profile's shapes (the 0.5B
+Qwen2: width 896, MLP 4864, q/k/v 1152, 151,936 words):
+
+    .venv/bin/python bench/sampling_kernels.py
+
+- every matmul of a decode step as F.linear runs it (oneDNN reorders the weight on each call) and on a weight
+  packed once (engine.llama.pack, what inductor's freezing and IPEX do), at 1, 16 and 64 rows: GFLOP/s, and
+  whether the results are bitwise equal;
+- one token drawn per row at temperature 0.7 from 64 rows of bf16 logits: the former draw (softmax and a
+  cumulative sum over all words) and engine.rollout.sample_token (two levels, a kept buffer): ms a call.
+Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from cpu_grpo.engine.llama import linear_packed, pack
+from cpu_grpo.engine.rollout import sample_token, sample_work
+
+SHAPES = {"q/k/v": (1152, 896), "o": (896, 896), "gate/up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
+
+
+def seconds(fn, reps: int) -> float:
+    for _ in range(2):
+        fn()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps
+
+
+def former_draw(logits, temperature, generator):
+    """sample_token before 2026-11-28 (no top-k/top-p): softmax and a cumulative sum over every word."""
+    cdf = (logits.float() / temperature).softmax(-1).cumsum(-1)
+    u = torch.rand(cdf.shape[0], 1, generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    print(f"threads {torch.get_num_threads()}; torch {torch.__version__}\n")
+    print("| matmul (out x in) | rows | F.linear GFLOP/s | packed GFLOP/s | packed / F.linear | bitwise equal |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, dtype=torch.bfloat16)
+        packed = pack(w)
+        if packed is None:
+            raise SystemExit("no oneDNN bf16 linear on this build or machine: nothing to compare")
+        for rows in (1, 16, 64):
+            x = torch.randn(rows, k, dtype=torch.bfloat16)
+            reps = 5 if n > 100_000 else 30
+            plain = seconds(lambda x=x, w=w: F.linear(x, w), reps)
+            fast = seconds(lambda x=x, p=packed: linear_packed(x, p), reps)
+            flops = 2 * rows * n * k / 1e9
+            same = torch.equal(F.linear(x, w), linear_packed(x, packed))
+            print(f"| {name} {n} x {k} | {rows} | {flops / plain:.0f} | {flops / fast:.0f} | "
+                  f"{plain / fast:.2f}x | {same} |")
+    logits = (torch.randn(64, 151936) * 3).bfloat16()
+    work = sample_work(64, logits.shape[1])
+    gen = torch.Generator().manual_seed(0)
+    before = seconds(lambda: former_draw(logits, 0.7, gen), 20)
+    after = seconds(lambda: sample_token(logits, 0.7, 0, 1.0, gen, work), 20)
+    print(f"\none token for each of 64 rows (151,936 words, T 0.7): former draw {1e3 * before:.1f} ms, "
+          f"sample_token {1e3 * after:.1f} ms ({before / after:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()
