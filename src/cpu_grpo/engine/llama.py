@@ -294,8 +294,8 @@ def plain_layer(module):
 def pack(w: Tensor) -> Tensor | None:
     """A bf16 weight (out, in) in oneDNN's blocked layout for `linear_packed`, or None where that is not on offer
     (another dtype, a torch without oneDNN, a CPU it does not run on). F.linear reorders its weight on every
-    call; a pre-packed one does not: on a 2-core AMD EPYC, a 64-row decode step's matmuls at 394-432 GFLOP/s
-    instead of 308-358, 16 rows 1.4-1.8x faster, results bitwise equal (bench/README.md). This is what
+    call; a pre-packed one does not: on a 2-core AMD EPYC, the 0.5B Qwen's matmuls 1.02-1.27x faster at 64 rows,
+    1.35-1.83x at 16, 1.4-2.9x at 1, results bitwise equal (bench/sampling_kernels.py). This is what
     inductor's weight freezing and IPEX do for CPU inference."""
     if w.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
         return None
@@ -348,7 +348,7 @@ def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
                  "o": (plain_layer(attn.o_proj).weight, plain_layer(attn.o_proj).bias, [attn.o_proj]),
                  "gate_up": (wgu, None, [getattr(mlp, name) for name in gu_names]),
                  "down": (plain_layer(mlp.down_proj).weight, plain_layer(mlp.down_proj).bias, [mlp.down_proj])}
-        out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or (None, None)), packed=pack(w))
+        out.append(LayerProjs(**{k: Proj(w, b, *((lora and lora(mods)) or ()), packed=pack(w))
                                  for k, (w, b, mods) in parts.items()}))
     return out
 

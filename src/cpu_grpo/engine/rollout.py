@@ -274,7 +274,7 @@ def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
 
     Inverse-CDF sampling with one uniform per row (torch.multinomial draws V exponentials per row: 45 ms a step
     at 64 rows), in two levels: the row's mass per block of SAMPLE_BLOCK words, then the words of the block the
-    uniform falls in; a full cumulative sum over V words and a softmax cost 2.5x more (bench/README.md).
+    uniform falls in; a softmax and a cumulative sum over all V words cost 5.8x more (bench/sampling_kernels.py).
     """
     if temperature <= 0:
         return logits.argmax(-1)
@@ -331,7 +331,7 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
     out: list[list[int]] = [[] for _ in range(b * g)]
     eos = torch.tensor(list(s.stops))
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
-    work = sample_work(b * g, logits.shape[-1])
+    work = sample_work(b * g, logits.shape[-1]) if s.temperature > 0 else None  # greedy draws need none
     for step in range(max_new_tokens):
         tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work)
         for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
