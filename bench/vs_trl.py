@@ -359,6 +359,8 @@ def parse_args(argv=None):
     args.train_size = args.train_size or max(64, args.steps * args.prompts)
     if args.steps <= args.warmup or args.warmup < 0:
         p.error(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup}): some steps must be measured")
+    if args.lora_rollout == "merged" and not args.lora:
+        p.error("--lora-rollout merged merges LoRA adapters: add --lora (or --workload lora)")
     if args.prompts < 1 or args.generations < 2:
         p.error("--prompts must be >= 1 and --generations >= 2 (GRPO compares samples within a group)")
     if args.steps * args.prompts > args.train_size:

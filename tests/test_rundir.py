@@ -1,4 +1,4 @@
-"""Run files: stage file names, log truncation on resume, the code version."""
+"""Run files: stage file names, log truncation on resume, gzipped records, the code version."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import doctest
 import json
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from cpu_grpo import rundir
 from cpu_grpo.rundir import cut_jsonl, read_jsonl, stage_eval_path
@@ -27,6 +29,20 @@ def test_cut_jsonl_drops_later_steps_and_a_half_line(tmp_path):
     assert cut_jsonl(path, 2) == 1
     assert [r["step"] for r in read_jsonl(path)] == [1, 2] and path.read_text().endswith("\n")
     assert cut_jsonl(tmp_path / "missing.jsonl", 2) == 0
+
+
+def test_read_jsonl_reads_gzip_and_names_a_damaged_one(tmp_path):
+    import gzip
+
+    from cpu_grpo.errors import RunDirError
+
+    data = gzip.compress(b"".join(json.dumps({"id": i}).encode() + b"\n" for i in range(200)))
+    whole, cut = tmp_path / "eval_after.jsonl.gz", tmp_path / "cut.jsonl.gz"
+    whole.write_bytes(data)
+    cut.write_bytes(data[:len(data) // 2])
+    assert [r["id"] for r in read_jsonl(whole)] == list(range(200))
+    with pytest.raises(RunDirError, match="cut.jsonl.gz is a damaged gzip file"):
+        read_jsonl(cut)
 
 
 def test_code_version_names_a_commit_or_the_version():

@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import json
 import re
+import zlib
 from pathlib import Path
 
 from .errors import RunDirError
@@ -72,13 +73,18 @@ def _jsonable(x):
 
 def read_jsonl(path: Path) -> list[dict]:
     """Records of a JSONL file, gzipped or not (results/ cards keep evaluations as .jsonl.gz); a half-written last
-    line (a run still writing) is skipped, not an error, and so is any line that is not JSON."""
+    line (a run still writing) is skipped, not an error, and so is any line that is not JSON. A damaged gzip file
+    (cut short in a copy) is an error that names it: its records would be missing without a word."""
     out = []
     if not Path(path).exists():
         return out
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":  # gzip's magic
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:  # cut short; a bad CRC or header
+            raise RunDirError(f"{path} is a damaged gzip file ({e}): restore it (a card's file: git checkout -- "
+                              f"{path}) or delete it") from None
     for line in raw.decode(errors="replace").splitlines():
         try:
             out.append(json.loads(line))
