@@ -448,7 +448,8 @@ def test_dynamic_sampling_refills_only_the_missing_groups(tiny_model, tmp_path):
 
 def test_train_samples_trains_the_widest_of_each_group(tiny_model, tmp_path, reward_file):
     """`train_samples: 2` of 4 (PODS): in each group that varies, exactly 2 samples get an advantage, the pair
-    whose totals spread widest, with the advantages of a group of 2; at 4 (all) the run is the default's, bitwise."""
+    whose totals spread widest, with the advantages of a group of 2; at 4 (all) the run is the default's, bitwise;
+    the tokens trained (train_tok_s x time_update) count the 2 samples, not the group's 4."""
     out = tmp_path / "pods"
     train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=2, train_samples=2), log=lambda *a: None)
     groups = [x for x in read_jsonl(out / "groups.jsonl") if not x["zero_std"]]
@@ -465,6 +466,9 @@ def test_train_samples_trains_the_widest_of_each_group(tiny_model, tmp_path, rew
         train(tiny_cfg(tiny_model, tmp_path / name, reward_file, eval_size=0, steps=2, **kw), log=lambda *a: None)
         runs[name] = [(m["loss"], m["grad_norm"]) for m in read_jsonl(tmp_path / name / "metrics.jsonl")]
     assert runs["all"] == runs["default"]
+    first = [read_jsonl(d / "metrics.jsonl")[0] for d in (out, tmp_path / "default")]  # the same first rollout
+    pods, full = (m["train_tok_s"] * m["time_update"] for m in first)
+    assert first[0]["completion_len"] == first[1]["completion_len"] and 0 < pods < 0.9 * full
 
 
 def test_teaching_groups_are_the_first_whose_first_reward_varies():

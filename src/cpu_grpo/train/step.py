@@ -184,7 +184,8 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
     bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
-    record = _record(r, p, drawn, rollout, total, per_fn, adv_stats, upd, (t0, times, t2, time.time()))
+    record = _record(r, p, drawn, rollout, total, per_fn, adv_stats, upd, dict(zip(keep, picks, strict=True)),
+                     (t0, times, t2, time.time()))
     record |= {"sample_batches": len(parts), "groups": len(rollout.batch)}
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
@@ -227,13 +228,13 @@ def sampled_correct(cfg: TrainConfig, rollout: Rollout, per_fn: dict) -> list[bo
 
 
 def _record(r: Run, p: Progress, drawn: int, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update,
-            times) -> dict:
-    """The line of metrics.jsonl of the step after `p` that drew `drawn` problems (TRL's names for the trackers are
-    in trackers.TRL_NAMES)."""
+            picks: dict[int, list[int]], times) -> dict:
+    """The line of metrics.jsonl of the step after `p` that drew `drawn` problems, whose update trained the samples
+    `picks[i]` of each group i it trained (TRL's names for the trackers are in trackers.TRL_NAMES)."""
     cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
     n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
-    trained = sum(len(rollout.prompts[i]) * g + sum(len(c) for c in rollout.completions[i * g:(i + 1) * g])
-                  for i in upd.groups)
+    trained = sum(len(rollout.prompts[i]) * len(picks[i]) + sum(len(rollout.completions[i * g + j]) for j in picks[i])
+                  for i in upd.groups)  # a sequence's tokens: its prompt's and its completion's
     return {
         "step": p.step + 1, "stage_step": p.stage_step + 1, "loss": upd.sums["loss"], "reward": total.mean().item(),
         **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
