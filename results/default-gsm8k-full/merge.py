@@ -1,11 +1,11 @@
 """All 1,319: the first 500 from sessions 27/28's files, lines 501-1319 from this session's (ids renamed)."""
-import json, sys
-O = "docs/runs/default-s29-gsm8k-full"  # run from the repository root; writes /tmp/<model>-1319.jsonl
-first = {"base": "docs/runs/default-s27-gsm8k/base.jsonl", "seed0": "docs/runs/default-s28-gsm8k/seed0.jsonl",
-         "seed1": "docs/runs/default-s27-gsm8k/seed1.jsonl"}
+import gzip, json
+R = "results"  # run from the repository root; writes /tmp/<model>-1319.jsonl
+first = {"base": f"{R}/default-gsm8k-first500-seed1/base.jsonl.gz", "seed0": f"{R}/default-gsm8k-first500-seed0/seed0.jsonl.gz",
+         "seed1": f"{R}/default-gsm8k-first500-seed1/seed1.jsonl.gz"}
 for m, f in first.items():
-    a = [json.loads(l) for l in open(f)]
-    b = [json.loads(l) for l in open(f"{O}/{m}.jsonl")]
+    a = [json.loads(l) for l in gzip.open(f, "rt")]
+    b = [json.loads(l) for l in gzip.open(f"{R}/default-gsm8k-full/{m}.jsonl.gz", "rt")]
     assert len(a) == 500 and len(b) == 819, (len(a), len(b))
     for r in b:
         name, k = r["id"].rsplit(":", 1)
