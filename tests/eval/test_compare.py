@@ -53,6 +53,16 @@ def test_compare_runs(tmp_path):
     assert "basic, B vs A: +50.0 points (95% CI -13.5 to +78.9, McNemar p = 0.5): not significant (p >= 0.05)." in text
 
 
+def test_compare_runs_reads_a_cards_gzipped_evaluations(tmp_path):
+    a = make_run(tmp_path / "a", 1e-5, [True, False, False, False])
+    b = make_run(tmp_path / "b", 1e-5, [True, True, True, False])
+    for run in (a, b):  # as experiments/card.py keeps them in results/
+        after = run / "eval_after.jsonl"
+        (run / "eval_after.jsonl.gz").write_bytes(gzip.compress(after.read_bytes()))
+        after.unlink()
+    assert "basic, B vs A: +50.0 points" in compare_runs(a, b)
+
+
 def test_compare_different_problems_is_not_paired(tmp_path):
     a = make_run(tmp_path / "a", 1e-5, [True, False], ids=(1, 2))
     b = make_run(tmp_path / "b", 1e-5, [True, True], ids=(7, 8))

@@ -104,11 +104,16 @@ def _runs_section(a: Path, b: Path) -> list[str]:
     return out
 
 
+def _evaluation(run: Path, name: str) -> list[dict]:
+    """A run's evaluation records: NAME.jsonl in a run directory, NAME.jsonl.gz in a results/ card."""
+    return read_jsonl(run / f"{name}.jsonl") or read_jsonl(run / f"{name}.jsonl.gz")
+
+
 def _paired_section(a: Path, b: Path) -> list[str]:
     from .tables import accuracy_table as table
     from .tables import compare
 
-    ra, rb = read_jsonl(a / "eval_after.jsonl"), read_jsonl(b / "eval_after.jsonl")
+    ra, rb = _evaluation(a, "eval_after"), _evaluation(b, "eval_after")
     head = ["## Run B against run A after training (paired, same problems)", ""]
     if not ra or not rb:
         return head + ["(not both runs have eval_after.jsonl)", ""]
