@@ -29,7 +29,8 @@ N_SAMPLES = 20
 
 
 def is_eval(path: Path) -> bool:
-    """An evaluation file: JSON lines whose first record has an id, a correctness flag and a completion."""
+    """An evaluation file: JSON lines whose first record has an id and a correctness flag (with its completion, or
+    compact: a card's base evaluation copied into a run that reuses it)."""
     if path.suffix != ".jsonl":
         return False
     with path.open() as f:
@@ -37,7 +38,7 @@ def is_eval(path: Path) -> bool:
             first = json.loads(f.readline() or "{}")
         except json.JSONDecodeError:
             return False
-    return {"id", "correct", "completion"} <= first.keys()
+    return {"id", "correct"} <= first.keys()
 
 
 def keep(rel: Path, path: Path, plots: list[str]) -> bool:
