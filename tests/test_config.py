@@ -485,3 +485,17 @@ def test_a_field_you_give_wins_in_every_stage_of_a_profile(monkeypatch, tmp_path
     cfg = build("default", str(path), {"max_new_tokens": "48"})
     assert [(s.max_new_tokens, s.prompts_per_step) for s in plan(cfg)] == [(48, 2), (320, 8)]
     assert PROFILES["default"]["stages"][-1]["max_new_tokens"] == 320  # building does not mutate the profile
+
+
+def test_a_key_set_twice_in_a_config_file_is_an_error(tmp_path):
+    """YAML keeps the last of two equal keys without a word (a prepared config once trained every sample this way)."""
+    path = tmp_path / "my.yaml"
+    path.write_text("train_samples: 4\nseed: 1\ntrain_samples: 0\n")
+    with pytest.raises(ConfigError, match=re.escape("train_samples is set twice (lines 1 and 3): delete the one")):
+        build(file=str(path))
+    path.write_text("stages:\n- name: a\n  steps: 2\n  steps: 3\n")  # inside a stage, too
+    with pytest.raises(ConfigError, match=re.escape("steps is set twice (lines 3 and 4)")):
+        load_file(path)
+    path.write_text("train_samples: 4\nseed: 1\n")
+    assert load_file(path) == {"train_samples": 4, "seed": 1}
+

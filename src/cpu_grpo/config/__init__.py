@@ -214,6 +214,25 @@ class TrainConfig:
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
 
 
+def _load_yaml(text: str, path: Path):
+    """YAML as yaml.safe_load reads it, except that a key set twice in one mapping is an error: YAML would keep
+    the last one without a word."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise ConfigError(f"{path}: {key} is set twice (lines {seen[key] + 1} and "
+                                      f"{key_node.start_mark.line + 1}): delete the one you did not mean.")
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=Loader)  # a SafeLoader: plain data only
+
+
 def load_file(path: str | Path) -> dict:
     """Read a YAML or JSON config file into a dict of field overrides."""
     path = Path(path)
@@ -224,9 +243,9 @@ def load_file(path: str | Path) -> dict:
         if path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = _load_yaml(text, path)
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(f"{path}: cannot parse it ({str(e).splitlines()[0]}): fix the syntax.") from None
     if not isinstance(data, dict | None):  # an empty file is no overrides
