@@ -10,7 +10,8 @@ Qwen2: width 896, MLP 4864, q/k/v 1152, 151,936 words):
   cumulative sum over all words) and engine.rollout.sample_token (two levels, a kept buffer): ms a call.
 `--zentorch` (AMD's ZenDNN plugin, issue 49's lever; `pip install zentorch==2.13.0.2`, the build for torch 2.13)
 adds its matmuls at 64 rows: bf16 on its own packed weight, and int8 (weights per channel, activations quantised
-per call: `zentorch_dynamic_qlinear`) on a plain and a packed weight, each with its error against bf16.
+per call: `zentorch_dynamic_qlinear`) on a plain and a packed weight, each with its error against the exact
+product of the same int8 weights.
 Run it alone on the machine.
 """
 
@@ -65,7 +66,10 @@ def zentorch_row(zt, name: str, n: int, k: int) -> str:
 
 
 def zentorch_table() -> None:
-    import zentorch  # noqa: F401 (registers torch.ops.zentorch)
+    try:
+        import zentorch  # noqa: F401 (registers torch.ops.zentorch)
+    except ImportError:
+        raise SystemExit("--zentorch needs AMD's plugin: pip install zentorch==2.13.0.2 (for torch 2.13)") from None
 
     zt = torch.ops.zentorch
     print("\n| matmul (out x in) at 64 rows | packed GFLOP/s | zentorch bf16 | zentorch int8 | int8 error | "
