@@ -66,7 +66,8 @@ def train(out: Path, fields: dict) -> None:
     except Exception as e:
         print(f"cpu-grpo: {e}", file=sys.stderr)
         sys.exit(2)
-    print("backend", torch.distributed.get_backend() if torch.distributed.is_initialized() else None)
+    backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
+    print(f"backend {backend}", flush=True)  # one write: both ranks print to one pipe, unbuffered (they interleaved)
     digest = hashlib.sha256()
     for _, p in sorted(runs[0].model.named_parameters()):
         digest.update(p.detach().float().numpy().tobytes())
