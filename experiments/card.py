@@ -7,7 +7,7 @@ report.md, compare*.md and other small text, figures outside plots/, the --plots
 (accuracy and reward). Each evaluation file (records with id, correct and completion) becomes NAME.jsonl.gz:
 one line a problem with only the fields below (read it with zcat or gzip.open); 20 completions go to
 samples.jsonl.
-Everything else (groups.jsonl, console.log, other plots, large files) is left out, and the card's README
+Everything else (groups.jsonl, console logs, other plots, large files) is left out, and the card's README
 lists each with its sha256 so it can be fetched where the run keeps it. RUN_DIR may be the card itself.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 EVAL_FIELDS = ("id", "difficulty", "template", "answer", "pred", "correct", "finished", "correct_strict",
                "strict_correct", "correct_flexible", "correct_math_verify", "lm_eval_strict", "lm_eval_flexible",
                "calc_steps", "calc_correct_frac", "reasoning_quality", "consistent", "max_new_tokens")
-DROPPED = ("groups.jsonl", "console.log")
+DROPPED = ("groups.jsonl",)
 SMALL = 32_000  # bytes: a larger text file that is not an evaluation is left out
 N_SAMPLES = 20
 
@@ -42,7 +42,7 @@ def is_eval(path: Path) -> bool:
 
 
 def keep(rel: Path, path: Path, plots: list[str]) -> bool:
-    if rel.name in DROPPED or (rel.name.startswith("console") and rel.suffix == ".log"):
+    if rel.name in DROPPED or rel.name.startswith("console"):  # console.log, console.out, ...: raw output
         return False
     if rel.parts[0] == "checkpoints":  # weights and their tokenizer files: listed with their sha256, not kept
         return False

@@ -22,3 +22,13 @@ def test_a_card_keeps_full_and_reused_compact_evaluations(tmp_path):
     for name in ("eval_before", "eval_after"):
         kept = [json.loads(line) for line in gzip.open(out / f"{name}.jsonl.gz", "rt")]
         assert kept == rows, name
+
+
+def test_a_card_leaves_out_every_console_log(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "card"
+    run.mkdir()
+    for name in ("console.log", "console.out", "console-resume.log"):  # raw console output stays out of the tree
+        (run / name).write_text("step 1\n")
+    (run / "summary.json").write_text("{}")
+    card.make_card(run, out, "`run`", "run", [])
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("console")) == []
