@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	@# jemalloc: `cpu-grpo train` runs on it where the system has it (half the memory of glibc's malloc); as root on
 	@# Debian/Ubuntu it is installed here, elsewhere `cpu-grpo doctor` says how
 	ldconfig -p 2>/dev/null | grep -q libjemalloc || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends libjemalloc2' || echo "note: libjemalloc2 not installed: training uses glibc's malloc (more memory)"
+	@# bubblewrap: the sandbox that model-written code runs in (code rewards); without it they are refused unless
+	@# --allow-unisolated-code (docs/tasks.md)
+	command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap' || echo "note: bubblewrap not installed: code rewards are refused (docs/tasks.md says how to install it)"
 	touch $@
 
 install: $(VENV)/.installed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import fields
 
@@ -52,7 +53,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import signal
     from pathlib import Path
 
     if args.samples < 0 or (args.samples > 0 and args.temperature <= 0) or args.max_new_tokens < 1:
@@ -63,7 +63,7 @@ def cmd_eval(args) -> int:
 
     from .data.generated import GENERATED
     from .data.loaders import RowFormat, load_task
-    from .data.rewards import check_columns
+    from .data.rewards import check_columns, sandbox_for
     from .data.tasks import levels_of
     from .engine.models import load_model, set_threads
     from .engine.rollout import Sampler, Sampling, stop_ids
@@ -84,6 +84,8 @@ def cmd_eval(args) -> int:
                          "raise", fmt=RowFormat.parse(ask["prompt_column"], ask["column_map"]))
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
+    if line := sandbox_for([judge.fn], args.allow_unisolated_code):
+        print(line, file=sys.stderr)
     model, tok = load_model(args.model, args.trust_remote_code)
     # the dtype its run evaluated in (an old run's bf16: true included)
     bf16 = bf16_wanted(config_mod.coerce(config_mod.TrainConfig.__dataclass_fields__["bf16"], trained["bf16"]))
@@ -269,6 +271,8 @@ def _training_commands(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature with --samples")
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--allow-unisolated-code", action="store_true", help="where no sandbox works, run a code "
+                   "reward's model-written code with process limits only (off: refused)")
     p.set_defaults(func=cmd_eval)
 
 

@@ -16,3 +16,7 @@ class RewardError(UserError):
 
 class ConfigError(UserError):
     """A configuration the user can fix; the message says how."""
+
+
+class SandboxError(UserError):
+    """Model-written code that cannot be run as safely as asked here; the message says what to install or allow."""

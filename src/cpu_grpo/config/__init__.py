@@ -88,6 +88,9 @@ class TrainConfig:
     reward_timeout: float = _f(120.0, "seconds each reward function may take on one batch of completions: past it, "
                                       "the batch scores 0 with a warning, and 3 batches in a row stop the run (0: no "
                                       "limit)")
+    allow_unisolated_code: bool = _f(False, "where no sandbox works (bubblewrap missing, no user namespaces), run a "
+                                            "code reward's model-written code with process limits only (off: such "
+                                            "a run is refused; on only where you would give the model a shell)")
     score_truncated: bool = _f(False, "score completions cut at max_new_tokens like the others (off: they earn no "
                                       "credit, penalties still count, since an answer that never ends is no answer)")
     # -- GRPO

@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import RewardError
-from . import timelimit, verifiers
+from . import sandbox, timelimit, verifiers
 from .answers import NUMBER, answers_match, completion_text, extract_answer
 
 RewardFn = Callable[..., list[float]]
@@ -312,6 +312,14 @@ def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str) -> Non
             raise RewardError(f"reward {fn.__name__} needs column {missing[0]!r}, which task {task} lacks (its "
                               f"columns: {', '.join(own)}; every row also gives {', '.join(ALWAYS)}): rename one with "
                               f"--column-map 'yours:{missing[0]}', or use a reward that reads the columns there")
+        if getattr(fn, "runs_code", False):
+            verifiers.check_code_rows(examples)
+
+
+def sandbox_for(fns: Sequence[RewardFn], allow_unisolated_code: bool = False) -> str:
+    """'' when no reward among `fns` runs model-written code; else the line that says which sandbox the code gets,
+    or SandboxError where there is none and the user has not accepted running it without (sandbox.require)."""
+    return sandbox.require(allow_unisolated_code) if any(getattr(fn, "runs_code", False) for fn in fns) else ""
 
 
 TIMEOUTS_IN_A_ROW = 3  # batches in a row on which a reward function passed its time limit, before the run stops

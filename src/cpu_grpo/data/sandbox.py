@@ -1,18 +1,29 @@
-"""Run code a model wrote, never in the trainer's process: each program runs in a new Python process (isolated mode,
-no site packages) in a temporary directory that is removed afterwards, in its own process group, under limits of
-wall-clock time, CPU time, memory, file size and open files, with no network and its own process namespace where
-`unshare` allows it (root, or user namespaces), so that a fork, a hang, a 10 GB allocation or a connection attempt
-ends in a failed test, never in a stalled or starved trainer. What it prints goes to files capped in size.
+"""Run code a model wrote, never in the trainer's process, and never with the trainer's rights.
 
-TRL runs code rewards in e2b or morph cloud sandboxes; verl and open-r1 in a local process with a timeout. Here it
-is the local process, with the operating system's limits on top."""
+Each program runs in a new Python interpreter (isolated mode, no site packages) inside bubblewrap, the sandbox of
+Flatpak (Debian's `bubblewrap`): new user, mount, pid, network, IPC and UTS namespaces; as `nobody` outside (the
+trainer drops to it first when it is root) and inside; no capabilities and no further user namespaces; a read-only
+view of the system's programs and libraries only (no /home, /root, /etc, /run or /var: no keys, tokens, caches,
+checkpoints or sockets of the host); its own /proc; a writable /tmp that is a tmpfs of `disk_mb`; a seccomp filter
+that refuses setns, unshare, mount, ptrace and the calls like them (`seccomp_filter`). Inside, the limits of time,
+CPU, memory, file size, open files and processes; the whole process tree dies at the wall-clock limit.
+
+Where bubblewrap cannot run (not installed; a user without user namespaces), code rewards are refused, unless the
+user accepts running model code with the limits alone (`allow_unisolated_code`): `require` says which at start.
+
+Read before writing this: verl's sandbox-fusion and TRL's code rewards (both send code to a sandbox service: a
+container with limits); OpenAI's human-eval and open-r1 (a local process, `reliability_guard` disabling os and
+shutil functions in the same interpreter, which model code can undo); Flatpak's and bubblewrap's own flags."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -20,128 +31,247 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import SandboxError
+from . import codecheck
+
+NOBODY = 65534  # the user model code runs as
+
 
 @dataclass(frozen=True)
 class Limits:
-    seconds: float = 5.0  # wall clock, then the whole process group is killed
+    seconds: float = 5.0  # wall clock, then the whole process tree is killed
     cpu_seconds: int = 5
     memory_mb: int = 512  # address space
     file_mb: int = 8  # any file it writes, its output included
+    disk_mb: int = 64  # all it writes (its /tmp)
     open_files: int = 64
+    processes: int = 64  # processes and threads of its user at once
 
 
 @dataclass(frozen=True)
 class Result:
-    passed: bool  # exited with status 0 within its limits
+    passed: bool  # exited with status 0 within its limits (run_tests: and every check held)
     status: str  # "passed" | "failed" | "timeout" | "killed"
     seconds: float
     output: str  # the end of what it printed (stdout and stderr), for reading a failure
-    share: float = 0.0  # run_tests: the share of the test statements that passed
+    share: float = 0.0  # run_tests: the share of the checks that held
+
+
+# ---------------------------------------------------------------------------- seccomp
+
+# system calls refused with EPERM (Docker's default profile refuses these too): entering or making namespaces,
+# mounting, tracing or reading other processes, kernel modules, keyrings, BPF, io_uring, rebooting
+_DENIED = ("ptrace", "mount", "umount2", "pivot_root", "chroot", "setns", "unshare", "process_vm_readv",
+           "process_vm_writev", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+           "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at",
+           "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "fsopen", "fsconfig",
+           "fsmount", "move_mount", "open_tree", "fspick", "mount_setattr", "io_uring_setup", "io_uring_enter",
+           "io_uring_register")
+# per machine: the audit architecture, the numbers of _DENIED in its order (linux's unistd_64.h for x86_64,
+# asm-generic/unistd.h for aarch64), clone's and clone3's
+_NUMBERS = {
+    "x86_64": (0xC000003E, (101, 165, 166, 155, 161, 308, 272, 310, 311, 246, 320, 175, 313, 176, 321, 298, 250, 248,
+                            249, 323, 304, 303, 167, 168, 169, 163, 179, 103, 430, 431, 432, 429, 428, 433, 442, 425,
+                            426, 427), 56, 435),
+    "aarch64": (0xC00000B7, (117, 40, 39, 41, 51, 268, 97, 270, 271, 104, 294, 105, 273, 106, 280, 241, 219, 217, 218,
+                             282, 265, 264, 224, 225, 142, 89, 60, 116, 430, 431, 432, 429, 428, 433, 442, 425, 426,
+                             427), 220, 435),
+}
+_CLONE_NEW = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+
+
+def seccomp_filter(machine: str | None = None) -> bytes | None:
+    """The classic-BPF program (struct sock_filter[]) bubblewrap loads with --seccomp: a call of another
+    architecture (or x86_64's x32 calls) kills the process; a call of _DENIED, or a clone that makes a namespace,
+    fails with EPERM; clone3 fails with ENOSYS, so that the C library falls back to clone, whose flags can be read
+    (Docker's profile does the same); any other call is allowed. None on a machine whose numbers are not known."""
+    if (machine or platform.machine()) not in _NUMBERS:
+        return None
+    arch, denied, clone, clone3 = _NUMBERS[machine or platform.machine()]
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+    prog = [(LD, 0, 0, 4), (JEQ, 0, "kill", arch), (LD, 0, 0, 0),  # the architecture, then the call's number
+            (JGE, "deny", 0, 0x40000000) if arch == 0xC000003E else (JEQ, 0, 0, 0),
+            *[(JEQ, "deny", 0, nr) for nr in denied], (JEQ, "nosys", 0, clone3), (JEQ, 0, "allow", clone),
+            (LD, 0, 0, 16), (JSET, "deny", "allow", _CLONE_NEW)]  # clone's flags (its first argument, low half)
+    labels = {"allow": len(prog), "deny": len(prog) + 1, "nosys": len(prog) + 2, "kill": len(prog) + 3}
+    prog += [(RET, 0, 0, 0x7FFF0000), (RET, 0, 0, 0x00050000 | 1), (RET, 0, 0, 0x00050000 | 38),
+             (RET, 0, 0, 0x80000000)]  # SECCOMP_RET_ALLOW, _ERRNO | EPERM, _ERRNO | ENOSYS, _KILL_PROCESS
+
+    def offset(i: int, target) -> int:  # jumps count from the next instruction
+        return labels[target] - i - 1 if isinstance(target, str) else target
+
+    return b"".join(struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
+                    for i, (code, jt, jf, k) in enumerate(prog))
+
+
+# ---------------------------------------------------------------------------- isolation
+
+@dataclass(frozen=True)
+class Isolation:
+    name: str  # "bubblewrap" or "none"
+    detail: str  # its version and what it gives, or why none works here
+
+    def line(self) -> str:
+        """The one line a run prints at start."""
+        if self.name == "none":
+            return f"code sandbox: NO isolation ({self.detail}); model code runs with process limits only"
+        return f"code sandbox: {self.detail}"
+
+
+def _system_binds() -> list[str]:
+    """bubblewrap's arguments for a read-only view of the system's programs and libraries, and the interpreter."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+    return args
+
+
+def _command(iso: Isolation, task: Path, limits: Limits, mode: str, values_fd: int, seccomp_fd: int) -> list[str]:
+    """The command line that runs harness.py over the folder `task` under `iso`. As root, bubblewrap runs
+    privileged (as distributions with a setuid bwrap run it): it binds the system as root, then runs the program
+    as nobody with no capabilities; as a user it makes a user namespace (the user mapped to nobody inside)."""
+    caps = {"RLIMIT_AS": limits.memory_mb << 20, "RLIMIT_CPU": limits.cpu_seconds, "RLIMIT_CORE": 0,
+            "RLIMIT_FSIZE": limits.file_mb << 20, "RLIMIT_NOFILE": limits.open_files,
+            "RLIMIT_NPROC": limits.processes}
+    inside = "/task" if iso.name == "bubblewrap" else str(task)
+    python = [_interpreter(), "-I", "-S", "-B", f"{inside}/harness.py", mode, inside, json.dumps(caps),
+              str(values_fd)]
+    if iso.name != "bubblewrap":
+        return python
+    users = ["--cap-drop", "ALL"] if os.geteuid() == 0 else ["--unshare-user", "--disable-userns"]
+    return ["bwrap", "--unshare-all", *users, "--die-with-parent", "--new-session", "--uid", str(NOBODY),
+            "--gid", str(NOBODY), *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp", "--ro-bind", str(task), "/task",
+            "--chdir", "/tmp", "--seccomp", str(seccomp_fd), *python]
+
+
+def _interpreter() -> str:
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _others_can_run(path: str) -> bool:
+    """Whether a user other than the owner can reach and run `path` (every folder above it searchable)."""
+    parts = Path(path).parents
+    return os.stat(path).st_mode & 0o001 != 0 and all(os.stat(d).st_mode & 0o001 for d in parts)
 
 
 @functools.cache
-def isolation() -> tuple[str, ...]:
-    """The `unshare` prefix that gives a program no network and its own process namespace (its forks die with
-    it), the first of those that works here; () where none does (then the limits and the process group remain)."""
-    tool = shutil.which("unshare")
-    for flags in (("--net", "--pid", "--fork", "--kill-child"),
-                  ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child")):
-        if tool and subprocess.run([tool, *flags, "true"], capture_output=True, timeout=10).returncode == 0:
-            return (tool, *flags)
-    return ()
+def isolation() -> Isolation:
+    """The isolation model code gets here: bubblewrap where it runs (tried once, with a real program), else none,
+    with the reason."""
+    tool = shutil.which("bwrap")
+    if tool is None:
+        return Isolation("none", "bubblewrap is not installed: apt-get install bubblewrap (or dnf, pacman: "
+                                 "bubblewrap)")
+    if seccomp_filter() is None:
+        return Isolation("none", f"no seccomp filter is known here for {platform.machine()}")
+    version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
+    spaces = "mount, pid, network" if os.geteuid() == 0 else "user, mount, pid, network"
+    iso = Isolation("bubblewrap", f"{version or 'bubblewrap'} ({spaces} namespaces; as nobody, no capabilities; "
+                                  "a read-only view of the system; seccomp)")
+    probe = _run(iso, "print('ok')", Limits(seconds=20, cpu_seconds=10), "run")[0]
+    if probe.status != "passed" or "ok" not in probe.output:
+        why = probe.output.strip().splitlines()[-1:] or [probe.status]
+        return Isolation("none", f"bubblewrap did not start here ({why[0][:160]}); as a user it needs user "
+                                 "namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu an AppArmor "
+                                 "profile for bwrap)")
+    return iso
 
 
-# sets the limits in the new interpreter, then runs the program as __main__ (no preexec_fn: the trainer has threads)
-_BOOT = ("import resource as r, runpy\n"
-         "for k, v in ((r.RLIMIT_AS, {mem}), (r.RLIMIT_CPU, {cpu}), (r.RLIMIT_FSIZE, {fsize}),"
-         " (r.RLIMIT_NOFILE, {files}), (r.RLIMIT_CORE, 0)):\n"
-         "    r.setrlimit(k, (v, v))\n"
-         "del r\n")
+_unisolated_allowed = False
 
 
-def run_python(program: str, limits: Limits = Limits(), harness: str = "runpy.run_path('main.py', run_name='__main__')",
-               files: dict | None = None, env: dict | None = None) -> Result:
-    """Run `program` (main.py) as a Python script under `limits`, through `harness` (Python run after the limits are
-    set), with `files` beside it; passed when it exits with status 0."""
+def require(allow_unisolated: bool = False) -> str:
+    """Before a run that rewards code: the line that says which isolation it gets, or SandboxError in one sentence
+    when there is none and the user has not accepted running model code without it."""
+    global _unisolated_allowed
+    iso = isolation()
+    if iso.name == "none" and not allow_unisolated:
+        raise SandboxError(f"a code reward runs model-written code, and no sandbox works here ({iso.detail}): "
+                           "install bubblewrap, or accept running model code with process limits only "
+                           "(--allow-unisolated-code; only on a machine you would give the model a shell on)")
+    _unisolated_allowed = _unisolated_allowed or allow_unisolated
+    return iso.line()
+
+
+# ---------------------------------------------------------------------------- running
+
+def _run(iso: Isolation, program: str, limits: Limits, mode: str, spec: dict | None = None) -> tuple:
+    """Run harness.py in `mode` over main.py = `program` under `iso`; the Result and the lines written to the
+    values descriptor (mode "calls")."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cpu-grpo-sandbox-") as tmp:
-        Path(tmp, "main.py").write_text(program)
-        for name, text in (files or {}).items():
-            Path(tmp, name).write_text(text)
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONHASHSEED": "0", "LANG": "C.UTF-8", **(env or {})}
-        with open(Path(tmp, "out.txt"), "wb") as out:
-            boot = _BOOT.format(mem=limits.memory_mb * 2**20, cpu=limits.cpu_seconds, fsize=limits.file_mb * 2**20,
-                                files=limits.open_files) + harness
-            proc = subprocess.Popen([*isolation(), sys.executable, "-I", "-S", "-c", boot], cwd=tmp, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        task, work = Path(tmp, "task"), Path(tmp, "work")
+        for folder in (task, work):
+            folder.mkdir()
+        Path(task, "main.py").write_text(program)
+        Path(task, "calls.json").write_text(json.dumps(spec or {}))
+        shutil.copy(Path(__file__).with_name("harness.py"), task / "harness.py")
+        os.chmod(tmp, 0o711)
+        os.chmod(task, 0o755)
+        os.chmod(work, 0o777)
+        # without bubblewrap, root still drops to nobody where nobody can run the interpreter
+        drop = iso.name == "none" and os.geteuid() == 0 and _others_can_run(_interpreter())
+        as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if drop else {}
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if iso.name == "bubblewrap" else str(work),
+               "TMPDIR": "/tmp" if iso.name == "bubblewrap" else str(work), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        read_fd, write_fd = os.pipe()
+        os.write(write_fd, seccomp_filter() or b"")
+        os.close(write_fd)
+        with open(Path(tmp, "out.txt"), "wb") as out, open(Path(tmp, "values.jsonl"), "wb") as values:
+            cmd = _command(iso, task, limits, mode, values.fileno(), read_fd)
+            try:
+                proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        pass_fds=(values.fileno(), read_fd), **as_nobody)
+            finally:
+                os.close(read_fd)
             try:
                 code = proc.wait(timeout=limits.seconds)
-                status = "passed" if code == 0 else "killed" if code < 0 or code == 137 else "failed"
+                status = "passed" if code == 0 else "killed" if code < 0 or code >= 128 else "failed"
             except subprocess.TimeoutExpired:
                 status = "timeout"
             finally:
                 _kill_group(proc)
         output = Path(tmp, "out.txt").read_bytes()[-2000:].decode(errors="replace")
-    return Result(status == "passed", status, time.monotonic() - t0, output)
+        with open(Path(tmp, "values.jsonl"), "rb") as f:
+            lines = f.read(4 << 20).decode(errors="replace").splitlines()
+    return Result(status == "passed", status, time.monotonic() - t0, output), lines
 
 
-# runs a solution, then each statement of its tests in its namespace, and prints a pass token known only to this
-# harness with how many statements passed: a program that exits early (sys.exit(0), os._exit) prints no token, so it
-# passes nothing; tests.py is parsed and removed before the solution runs and the token is taken out of the
-# environment. `check(got, want)` compares values of the same exact types, element by element, so an object whose
-# __eq__ always says True does not pass; it is put back before every statement and the builtins it uses are bound
-# before the solution runs, so a solution that defines its own `check` or replaces `type` passes nothing either. A
-# program that searches the interpreter's frames for the token could still forge it: a known limit.
-_TESTS = ("import ast, os\n"
-          "def _harness(token=os.environ.pop('CPU_GRPO_PASS'), type=type, len=len, zip=zip, all=all, list=list,\n"
-          "             tuple=tuple, dict=dict, Exception=Exception, print=print, exec=exec, compile=compile):\n"
-          "    def same(a, b):\n"
-          "        if type(a) is not type(b):\n"
-          "            return False\n"
-          "        if type(a) in (list, tuple):\n"
-          "            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))\n"
-          "        if type(a) is dict:\n"
-          "            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)\n"
-          "        return a == b\n"
-          "    def check(got, want):\n"
-          "        if not same(got, want):\n"
-          "            raise AssertionError(f'got {got!r}, want {want!r}')\n"
-          "    statements = [ast.Module([s], []) for s in ast.parse(open('tests.py').read()).body]\n"
-          "    os.remove('tests.py')\n"
-          "    ns = {'__name__': '__main__'}\n"
-          "    exec(compile(open('main.py').read(), 'solution.py', 'exec'), ns)\n"
-          "    passed = 0\n"
-          "    for statement in statements:\n"
-          "        ns['check'] = check\n"
-          "        try:\n"
-          "            exec(compile(statement, 'tests.py', 'exec'), ns)\n"
-          "            passed += 1\n"
-          "        except Exception:\n"
-          "            pass\n"
-          "    print('\\n' + token, passed, len(statements), flush=True)\n"
-          "_harness()\n")
+def _isolation_for_a_run() -> Isolation:
+    iso = isolation()
+    if iso.name == "none" and not _unisolated_allowed:
+        require(False)  # raises, with the reason
+    return iso
 
 
-def run_tests(solution: str, tests: str, limits: Limits = Limits()) -> Result:
-    """Run `solution`, then each statement of `tests` (assert lines, or `check(got, want)` for exact comparisons)
-    in its namespace; passed when every statement passed, and `share` the share that did (0 when the solution
-    failed, or exited before the harness could report)."""
-    import secrets
+def run_python(program: str, limits: Limits = Limits()) -> Result:
+    """Run `program` as a Python script in the sandbox under `limits`; passed when it exits with status 0."""
+    return _run(_isolation_for_a_run(), program, limits, "run")[0]
 
-    token = secrets.token_hex(16)
-    result = run_python(solution, limits, harness=_TESTS, files={"tests.py": tests}, env={"CPU_GRPO_PASS": token})
-    last = result.output.rstrip().rsplit("\n", 1)[-1].split()
-    ran = result.passed and len(last) == 3 and last[0] == token
-    done, total = (int(last[1]), int(last[2])) if ran else (0, 1)
-    passed = ran and done == total
-    return Result(passed, result.status if passed or not result.passed else "failed", result.seconds,
-                  result.output.replace(token, "<pass>"), done / total if total else float(passed))
+
+def run_tests(solution: str, tests: str | codecheck.CodeTests, limits: Limits = Limits()) -> Result:
+    """Run `solution`, then the calls of `tests` (codecheck.py says which forms) in the sandbox, and compare the
+    values they give with the expected ones here; passed when the program ended well and every check held, `share`
+    the share of the checks that held. codecheck.CodeTestsError when the tests cannot be checked this way."""
+    plan = tests if isinstance(tests, codecheck.CodeTests) else codecheck.parse_tests(tests)
+    result, lines = _run(_isolation_for_a_run(), solution, limits, "calls", plan.spec())
+    held = codecheck.results(plan, lines)
+    passed = result.passed and all(held)
+    status = result.status if not result.passed else "passed" if passed else "failed"
+    return Result(passed, status, result.seconds, result.output, sum(held) / len(held))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the program's process group (what it forked without leaving the group) and reap it."""
+    """Kill the sandbox's process group (bubblewrap's pid namespace dies with it) and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -154,4 +284,4 @@ def run_many(pairs: list[tuple[str, str]], limits: Limits = Limits(), workers: i
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=workers or max(1, min(4, os.cpu_count() or 1))) as pool:
-        return list(pool.map(lambda pair: run_tests(*pair, limits), pairs))
+        return list(pool.map(lambda pair: run_tests(*pair, limits=limits), pairs))

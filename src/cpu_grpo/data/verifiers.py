@@ -11,8 +11,8 @@
   LaTeX, fractions, expressions);
 - `countdown_reward(nums, target)`: the equation in the last <answer> tags uses each number exactly once and
   reaches the target;
-- `code_reward(tests)`: the last ```python block, followed by the row's tests, runs and passes in the sandbox
-  (sandbox.py: nothing a model writes runs in the trainer's process);
+- `code_reward(tests)`: the last ```python block runs in the sandbox (sandbox.py) and every call of the row's
+  tests gives the expected value, compared in the trainer's process (codecheck.py);
 - `answer_tag_reward()`: the completion ends with one <answer>...</answer> (a format reward, for shaping).
 
 The final answer is the content of the last <answer> tags, else of the last \\boxed{}, else the last line that is
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from . import sandbox
+from . import codecheck, sandbox
 from .answers import completion_text
 
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
@@ -203,19 +203,44 @@ def code_of(text: str) -> str:
     return blocks[-1] if blocks else text
 
 
+def _code_results(completions: Sequence, tests: Sequence) -> list[sandbox.Result]:
+    try:
+        pairs = [(code_of(completion_text(c)), codecheck.parse_tests(str(t)))
+                 for c, t in zip(completions, tests, strict=True)]
+    except codecheck.CodeTestsError as e:
+        from ..errors import RewardError
+
+        raise RewardError(f"a row's tests: {e}") from None
+    return sandbox.run_many(pairs)
+
+
 def code_reward(completions: Sequence, tests: Sequence, **kwargs: Any) -> list[float]:
-    """1.0 where the completion's code, then the row's `tests` (assert lines, or `check(got, want)` for exact
-    comparisons), run to their end in the sandbox within its limits (sandbox.run_tests: 5 s, 512 MB, no network; an
-    early exit passes nothing)."""
-    pairs = [(code_of(completion_text(c)), str(t)) for c, t in zip(completions, tests, strict=True)]
-    return [float(r.passed) for r in sandbox.run_many(pairs)]
+    """1.0 where the completion's code runs in the sandbox and every call of the row's `tests` gives the value the
+    tests expect, compared outside the sandbox (codecheck.py: `check(CALL, VALUE)`, `assert CALL == VALUE`, ...;
+    sandbox.py: 5 s, 512 MB, no network, no way out)."""
+    return [float(r.passed) for r in _code_results(completions, tests)]
 
 
 def code_tests_reward(completions: Sequence, tests: Sequence, **kwargs: Any) -> list[float]:
-    """The share of the row's test statements that pass, each run after the completion's code in the sandbox (as
-    `code_reward`, which pays only when all pass): partial credit for shaping, 0 where the code fails to run."""
-    pairs = [(code_of(completion_text(c)), str(t)) for c, t in zip(completions, tests, strict=True)]
-    return [r.share for r in sandbox.run_many(pairs)]
+    """The share of the row's test statements that hold (as `code_reward`, which pays only when all do): partial
+    credit for shaping, 0 where the code fails to run."""
+    return [r.share for r in _code_results(completions, tests)]
+
+
+# rewards that run model-written code: their rows' tests are checked at load, and a run needs the sandbox
+code_reward.runs_code = code_tests_reward.runs_code = True
+
+
+def check_code_rows(examples: Sequence) -> None:
+    """Every row's `tests` can be checked outside the solution's process (codecheck.py), or a RewardError that
+    names the first row that cannot; before anything is trained or evaluated."""
+    from ..errors import RewardError
+
+    for ex in examples:
+        try:
+            codecheck.parse_tests(str(ex.columns.get("tests", "")))
+        except codecheck.CodeTestsError as e:
+            raise RewardError(f"row {ex.id or repr(ex.question[:40])}: {e}") from None
 
 
 def answer_tag_reward(completions: Sequence, **kwargs: Any) -> list[float]:
