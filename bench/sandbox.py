@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/sandbox.py                 # 64 completions, then 2 steps of the demo model on `code`
 
+`--src DIR` measures another checkout's package (its src/ folder), for a before/after in one run.
+
 Part 1 runs 64 solutions of the generated code task (half right, half wrong) through `code_reward`, one worker and
 the default pool, and prints ms per completion. Part 2 trains the demo model (SmolLM2-135M) 2 steps on the code task
 with the `code` reward (4 prompts x 8 samples, 128 tokens) and prints each step's scoring seconds (the sandbox, for
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +33,8 @@ def per_completion(n: int = 64) -> list[str]:
             k = ex.question.split("with ")[1].split(" added")[0]
             solution = right[ex.template].format(k=k)
         pairs.append((solution, ex.columns["tests"]))
-    lines = [f"isolation: {' '.join(sandbox.isolation()) or 'none (no unshare here)'}"]
+    iso = sandbox.isolation()
+    lines = [iso.line() if hasattr(iso, "line") else f"isolation: {' '.join(iso) or 'none (no unshare here)'}"]
     for workers in (1, None):
         t = time.perf_counter()
         results = sandbox.run_many(pairs, workers=workers)
@@ -59,11 +63,15 @@ def step_share(steps: int) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2, help="training steps of part 2 (0: part 1 only)")
+    p.add_argument("--src", default=None, help="import cpu_grpo from this src/ folder (another checkout)")
     args = p.parse_args()
+    if args.src:
+        sys.path.insert(0, args.src)
     print(f"load average {os.getloadavg()[0]:.2f} at start, {time.strftime('%Y-%m-%d %H:%M')}")
     print("\n".join(per_completion()))
-    print("\n".join(step_share(args.steps)))
+    if args.steps:
+        print("\n".join(step_share(args.steps)))
 
 
 if __name__ == "__main__":

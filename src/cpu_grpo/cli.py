@@ -213,7 +213,7 @@ def cmd_app(args) -> int:
         print("cpu-grpo: the web app needs gradio: pip install 'cpu-grpo[app]'.", file=sys.stderr)
         return 2
     launch(args.runs_dir, args.host, args.port, args.auth, args.share, data_dirs=tuple(args.data_dir),
-           allow_code=args.allow_code)
+           allow_code=args.allow_code, max_runs=args.max_runs)
     return 0
 
 
@@ -308,6 +308,8 @@ def _other_commands(sub) -> None:
                    "models, configs) the page may use besides the runs directory; repeatable")
     p.add_argument("--allow-code", action="store_true", help="let the page load reward functions from files and "
                    "modules (they run code in the training process)")
+    p.add_argument("--max-runs", type=int, default=1, metavar="N", help="training runs the page lets run at once "
+                   "(default 1: runs on the same cores slow each other far more than their share; 0: no cap)")
     p.set_defaults(func=cmd_app)
 
 

@@ -160,6 +160,7 @@ def test_two_pages_starting_one_run_say_started_once(tmp_path, monkeypatch, tiny
         assert winner and said[0].startswith(f"Started r (pid {winner})"), said
         assert "Started" not in said[1] and "r is busy" in said[1], said
         monkeypatch.setattr(runs, "check_start", lambda run, resume: None)  # checked before the winner's lock
+        monkeypatch.setattr(runs, "too_many_running", lambda root, max_runs: None)
         resume = [*values[:4], True, *values[5:]]  # the winner has logged steps: only a resume gets to the lock
         late = handlers.start(policy, names, *resume)[1]
         assert late.startswith("⚠️ Not started: the training process ended at once (exit code 2): ") and \
@@ -359,3 +360,77 @@ def test_the_policy_holds_for_what_a_config_file_or_a_resumed_run_brings(tmp_pat
     assert "does not name a hub dataset" in command("task: hf:openai/gsm8k\n")[3]
     assert policy.task_problem("task", "advanced+gsm8k") is None  # joined tasks: each part checked
     assert policy.task_problem("task", "countdown") is None and policy.task_problem("task", "code") is None
+
+
+def test_the_page_refuses_datasets_builders_that_read_local_files(tmp_path, monkeypatch):
+    """`hf:text` with a column map would train on every file under the page's working directory."""
+    monkeypatch.chdir(tmp_path)
+    policy = Policy(tmp_path / "runs")
+    for spec in ("hf:text", "hf:json", "hf:csv:default:train", "hf:imagefolder", "hf:Parquet"):
+        problem = policy.task_problem("task", spec)
+        assert problem and "is a `datasets` builder, which reads local files" in problem, spec
+        assert "is a `datasets` builder" in policy.train_problem("smollm2-135m", "", {"task": spec})
+    assert policy.task_problem("task", "hf:openai/gsm8k") is None and policy.task_problem("task", "hf:gsm8k") is None
+
+
+def test_a_config_file_that_is_an_alias_bomb_is_refused_at_once(tmp_path, monkeypatch):
+    """286 bytes that expand to billions of values: refused in one sentence, from the page and the CLI alike."""
+    from cpu_grpo.app import handlers
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "runs"
+    root.mkdir()
+    levels = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + \
+        [f"{b}: &{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
+    (root / "bomb.yaml").write_text("\n".join(levels) + "\n")
+    t0 = time.monotonic()
+    error = handlers._command(Policy(root), ["steps"], ["", "quick", "runs/bomb.yaml", "new", False, False, "", ""])[3]
+    assert "aliases (*name) expand to over 100,000 values" in error and time.monotonic() - t0 < 5
+    cli = subprocess.run([sys.executable, "-m", "cpu_grpo.cli", "plan", "--config", "runs/bomb.yaml"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 2 and "expand to over 100,000 values" in cli.stderr and len(cli.stderr) < 400
+
+
+def test_the_page_starts_at_most_max_runs_at_once(tmp_path):
+    takes = [sys.executable, "-c", "import json, os, sys, time; open(sys.argv[1], 'w').write(json.dumps({'pid': "
+             "os.getpid()})); time.sleep(60)"]  # takes the lock, as `cpu-grpo train` does
+    first, second = tmp_path / "first", tmp_path / "second"
+    pid, message = runs.start([*takes, str(first / "run.lock")], first, max_runs=1)
+    assert pid and "Started first" in message
+    try:
+        again, refusal = runs.start([*takes, str(second / "run.lock")], second, max_runs=1)
+        assert again is None and "first is training: the page runs at most 1 at once" in refusal
+        assert not (second / "console.log").exists()
+    finally:
+        runs.stop(first)
+    deadline = time.time() + 10
+    while runs.running_pid(first) and time.time() < deadline:
+        time.sleep(0.05)
+    pid, message = runs.start([*takes, str(second / "run.lock")], second, max_runs=1)
+    assert pid and "Started second" in message
+    runs.stop(second)
+
+
+@pytest.mark.slow
+def test_the_page_takes_no_upload_over_its_cap(tmp_path):
+    """Gradio's upload route answers whether or not the page has an upload field: over MAX_UPLOAD it refuses."""
+    import urllib.error
+    import urllib.request
+
+    from cpu_grpo.app import ui
+
+    (tmp_path / "runs").mkdir()
+    port = 7860 + os.getpid() % 1000
+    import gradio as gr
+
+    ui.launch(tmp_path / "runs", port=port, block=False)
+    try:
+        body = b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"x.bin\"\r\n\r\n" + \
+            b"x" * (2 << 20) + b"\r\n--b--\r\n"
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/gradio_api/upload", data=body, method="POST",
+                                         headers={"Content-Type": "multipart/form-data; boundary=b"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 413
+    finally:
+        gr.close_all()

@@ -166,7 +166,7 @@ def start(policy: Policy, knob_names: list[str], *values):
         return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
     # the process gets the configuration checked here, never the file named in the fields (read again, maybe changed)
     checked = runs.build_command(run, profile=values[1] or "", config_file=runs.CHECKED, resume=resume)
-    pid, message = runs.start(checked, run, resume, config=cfg)
+    pid, message = runs.start(checked, run, resume, config=cfg, max_runs=policy.max_runs)
     if pid is None:
         return runs.preview(cmd), f"⚠️ Not started: {message}", gr.skip()
     return runs.preview(cmd), message, gr.update(choices=run_names(policy.root), value=run.name)

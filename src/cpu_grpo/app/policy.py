@@ -13,6 +13,21 @@ from pathlib import Path
 
 # a hub id as `datasets` and `transformers` take one: name or owner/name, no path syntax
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# `datasets`' packaged builders (datasets.packaged_modules), which read local files: `hf:text` would read every
+# file under the working directory
+BUILDERS = ("arrow", "audiofolder", "cache", "conll", "csv", "eval", "fasta", "fastq", "generator", "genbank", "harbor",
+            "hdf5", "iceberg", "imagefolder", "json", "lance", "meshfolder", "mmcif", "niftifolder", "pandas",
+            "parquet", "pdb", "pdffolder", "spark", "sql", "text", "tsfile", "videofolder", "vortex", "webdataset",
+            "xml")
+
+
+def builder_names() -> set[str]:
+    """The packaged builder names of the installed `datasets`, and BUILDERS (those of versions before or after)."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:
+        return set(BUILDERS)
+    return set(BUILDERS) | set(_PACKAGED_DATASETS_MODULES)
 
 
 @dataclass(frozen=True)
@@ -24,6 +39,7 @@ class Policy:
     root: Path
     data_dirs: tuple[Path, ...] = ()
     allow_code: bool = False
+    max_runs: int = 1  # training processes the page lets run at once (0: no cap)
 
     def outside(self, field: str, value: str) -> str | None:
         """Why a path typed into `field` may not be used (outside every allowed directory), or None."""
@@ -47,6 +63,10 @@ class Policy:
                 continue
             if part.startswith("hf:"):
                 name = part[3:].partition(":")[0]
+                if name.lower() in builder_names():
+                    return (f"{field}: {part} is a `datasets` builder, which reads local files (every file under the "
+                            "page's working directory): name a hub dataset (owner/name), or give a data file's path "
+                            "under the runs or data directories.")
                 if not _HUB_ID.fullmatch(name) or ".." in name or Path(name).expanduser().exists():
                     return (f"{field}: {part} does not name a hub dataset (owner/name): the page reads local files "
                             "only by their path, under the runs or data directories.")

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from .. import rundir
+from ..config import load_file
+from ..errors import ConfigError
 from ..rundir import read_json, read_jsonl
 from ..train import checkpoint
 from . import starting
@@ -98,13 +100,10 @@ def saved_config(run: Path) -> dict:
     path = Path(run) / "train_config.yaml"
     if not path.exists():
         return {}
-    import yaml
-
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
+        return load_file(path)  # its limits hold for a file dropped into the runs directory too
+    except ConfigError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -298,13 +297,23 @@ def check_start(run: Path, resume: bool) -> str | None:
     return None
 
 
+def too_many_running(root: Path, max_runs: int) -> str | None:
+    """Why no run may start now: `max_runs` already training in the runs directory (0: no cap), else None."""
+    busy = [r.name for r in list_runs(root) if running_pid(r)]
+    if max_runs and len(busy) >= max_runs:
+        return (f"{', '.join(busy)} {'is' if len(busy) == 1 else 'are'} training: the page runs at most {max_runs} "
+                "at once (runs on the same cores slow each other far more than their share; `cpu-grpo app "
+                "--max-runs N` to change it): stop one, or wait for it to end.")
+    return None
+
+
 def child_env() -> dict:
     """The environment of a process the page starts: ours (HF_HUB_OFFLINE, CPU_GRPO_CACHE...), unbuffered."""
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def start(cmd: list[str], run: Path, resume: bool = False, env: dict | None = None, config=None,
-          wait: float = starting.WAIT) -> tuple[int | None, str]:
+          wait: float = starting.WAIT, max_runs: int = 0) -> tuple[int | None, str]:
     """Launch a training process in its own session, output appended to run/console.log, and wait (at most `wait`
     seconds) until it holds the run's lock or has ended: "Started" only for a process that took the run.
 
@@ -313,7 +322,7 @@ def start(cmd: list[str], run: Path, resume: bool = False, env: dict | None = No
     """
     run = Path(run)
     with _start_lock, starting.one_at_a_time(run.parent, wait + 30) as ours:
-        refusal = check_start(run, resume) if ours else (
+        refusal = (check_start(run, resume) or too_many_running(run.parent, max_runs)) if ours else (
             "another page is starting a run in this runs directory right now: try again in a minute.")
         if refusal:
             return None, refusal

@@ -169,14 +169,14 @@ def _export_tab(gr, policy, run):
     go.click(partial(handlers.export, policy), [run, ckpt, fmt, quant, ollama], [log, card])
 
 
-def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False):
+def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False, max_runs: int = 1):
     """The gr.Blocks of the page, over the runs under `root` (paths and code as `Policy` allows)."""
     import gradio as gr
 
     from .policy import Policy
 
     root = Path(root)
-    policy = Policy(root, tuple(Path(d) for d in data_dirs), allow_code)
+    policy = Policy(root, tuple(Path(d) for d in data_dirs), allow_code, max_runs)
     with gr.Blocks(title="cpu-grpo", analytics_enabled=False) as demo:
         gr.Markdown(f"## cpu-grpo · runs in `{root}`")
         with gr.Row():
@@ -202,6 +202,9 @@ def build_app(root: Path | str, data_dirs: tuple = (), allow_code: bool = False)
     return demo
 
 
+MAX_UPLOAD = "1mb"  # the page takes no file uploads (it reads paths); gradio's upload route would take any size
+
+
 def _credentials(auth: str | None) -> tuple[str, str] | None:
     if not auth:
         return None
@@ -212,17 +215,18 @@ def _credentials(auth: str | None) -> tuple[str, str] | None:
 
 
 def launch(runs_dir: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, auth: str | None = None,
-           share: bool = False, block: bool = True, data_dirs: tuple = (), allow_code: bool = False):
+           share: bool = False, block: bool = True, data_dirs: tuple = (), allow_code: bool = False,
+           max_runs: int = 1):
     """Serve the page. Bound to 127.0.0.1 unless --host says otherwise; a public link only with --share."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     credentials = _credentials(auth)
     if host not in ("127.0.0.1", "localhost", "::1") and credentials is None:
         print(f"cpu-grpo app: serving on {host} without --auth: anyone who can reach this address can start "
               "and stop runs.", file=sys.stderr)
-    demo = build_app(runs_dir, data_dirs, allow_code)
+    demo = build_app(runs_dir, data_dirs, allow_code, max_runs)
     demo.queue(default_concurrency_limit=4)
     try:
         return demo.launch(server_name=host, server_port=port, auth=credentials, share=share, show_error=True,
-                           prevent_thread_lock=not block, inbrowser=False)
+                           prevent_thread_lock=not block, inbrowser=False, max_file_size=MAX_UPLOAD)
     except OSError as e:
         raise SystemExit(f"cpu-grpo: cannot serve on {host}:{port} ({e}): pass another --port.") from None

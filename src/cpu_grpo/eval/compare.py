@@ -33,10 +33,10 @@ def check_run(path: str | Path) -> Path:
 
 
 def _config(run: Path) -> dict:
-    import yaml
+    from ..config import load_file
 
     path = run / "train_config.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    return load_file(path) if path.exists() else {}
 
 
 def config_diff(a: dict, b: dict) -> list[tuple[str, object, object]]:
