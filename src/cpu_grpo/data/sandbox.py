@@ -1,19 +1,24 @@
 """Run code a model wrote, never in the trainer's process, and never with the trainer's rights.
 
 Each program runs in a new Python interpreter (isolated mode, no site packages) inside bubblewrap, the sandbox of
-Flatpak (Debian's `bubblewrap`): new user, mount, pid, network, IPC and UTS namespaces; as `nobody` outside (the
-trainer drops to it first when it is root) and inside; no capabilities and no further user namespaces; a read-only
-view of the system's programs and libraries only (no /home, /root, /etc, /run or /var: no keys, tokens, caches,
-checkpoints or sockets of the host); its own /proc; a writable /tmp that is a tmpfs of `disk_mb`; a seccomp filter
-that refuses setns, unshare, mount, ptrace and the calls like them (`seccomp_filter`). Inside, the limits of time,
-CPU, memory, file size, open files and processes; the whole process tree dies at the wall-clock limit.
+Flatpak (Debian's `bubblewrap`): new mount, pid, network, IPC and UTS namespaces, and a user namespace when the
+trainer is not root (as root, bubblewrap sets up the box as root and then runs the program as `nobody`, as
+distributions with a setuid bwrap do); as `nobody` inside and out where the trainer is root; no capabilities; a
+read-only view of the system's programs and libraries and of the interpreter, nothing else (no /home, /root, /etc
+but the linker's cache, /run, /var, the project: no keys, tokens, caches, checkpoints or sockets of the host); its
+own /proc; a writable /tmp that is a tmpfs of `disk_mb`; a seccomp filter that refuses setns, unshare,
+namespace-making clones, mount, ptrace and calls like them (`seccomp_filter`). Inside, the limits of time, CPU,
+memory, file size, open files and processes; the whole process tree dies at the wall-clock limit.
 
 Where bubblewrap cannot run (not installed; a user without user namespaces), code rewards are refused, unless the
 user accepts running model code with the limits alone (`allow_unisolated_code`): `require` says which at start.
 
-Read before writing this: verl's sandbox-fusion and TRL's code rewards (both send code to a sandbox service: a
-container with limits); OpenAI's human-eval and open-r1 (a local process, `reliability_guard` disabling os and
-shutil functions in the same interpreter, which model code can undo); Flatpak's and bubblewrap's own flags."""
+What the field does, read before writing this: TRL's code rewards send programs to E2B's remote sandboxes; Harbor
+tasks (TRL's, Tinker's) run in a container built from the task's Dockerfile; verl's sandbox-fusion is a service
+that runs code in isolated workers; OpenAI's human-eval runs it in a local process after `reliability_guard`
+disables os and shutil functions in that same interpreter, which the code itself can undo. Here there is no
+container engine or cloud, so the isolation is the kernel's, through the tool Flatpak uses; and, as in those
+services, the expected output is compared outside the code's process."""
 
 from __future__ import annotations
 
