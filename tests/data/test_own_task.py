@@ -126,9 +126,11 @@ def test_the_three_examples_of_the_docs_train_and_evaluate(example, tmp_path, ti
     cfg = config.build(None, None, dict(model=tiny_model, output_dir=str(tmp_path / "run"), steps=2,
                                         prompts_per_step=2, num_generations=2, max_new_tokens=16, eval_size=4,
                                         eval_max_new_tokens=16, **fields))
-    run = train(cfg, log=lambda *a: None)
+    said = []
+    run = train(cfg, log=lambda *a: said.append(" ".join(map(str, a))))
     before, after = read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl")
     assert len(before) == len(after) >= 1 and all(set(r) >= {"id", "pred", "correct", "finished"} for r in after)
+    assert (example == "code") == any(line.startswith("code sandbox: ") for line in said)  # which isolation, said
     assert "calc_steps" not in after[0]  # the math metrics only for math
     groups = read_jsonl(run / "groups.jsonl")
     assert len(groups) == 4 and all(len(g["completions"]) == 2 for g in groups)
