@@ -61,10 +61,8 @@ def cmd_eval(args) -> int:
         return 2
     import torch
 
-    from .data.generated import GENERATED
-    from .data.loaders import RowFormat, load_task
+    from .data.loaders import RowFormat
     from .data.rewards import check_columns, sandbox_for
-    from .data.tasks import levels_of
     from .engine.models import load_model, set_threads
     from .engine.rollout import Sampler, Sampling, stop_ids
     from .eval.evaluate import Judge, run_eval, run_sampled
@@ -79,9 +77,7 @@ def cmd_eval(args) -> int:
     ask = {k: getattr(args, k) if getattr(args, k) is not None else trained[k]
            for k in ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward")}
     set_threads()
-    n = 250 if args.n is None and (levels_of(args.task) or args.task in GENERATED) else args.n  # generated: no end
-    examples = load_task(args.task, n=n, seed=args.seed, split=None, on_error="skip" if args.skip_bad_lines else
-                         "raise", fmt=RowFormat.parse(ask["prompt_column"], ask["column_map"]))
+    examples = _eval_examples(args, RowFormat.parse(ask["prompt_column"], ask["column_map"]))
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
     if line := sandbox_for([judge.fn], args.allow_unisolated_code):
@@ -114,6 +110,48 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _eval_examples(args, fmt) -> list:
+    """The problems `cpu-grpo eval` scores: the --split of the task's rows (default: the held-out rows when the
+    model's run trained on this task, else all), at most --n; one line says how many are rows a run trains on."""
+    from .data.generated import GENERATED
+    from .data.loaders import load_task
+    from .data.tasks import levels_of
+
+    generated = levels_of(args.task) or args.task in GENERATED  # no end: --n of them, 250 by default
+    rows = load_task(args.task, n=(args.n or 250) if generated else None, seed=args.seed, split=None,
+                     on_error="skip" if args.skip_bad_lines else "raise", fmt=fmt)
+    ran_on = _trained_on(args.model, args.task)
+    split = args.split or ("held-out" if ran_on else "all")
+    chosen = [ex for ex in rows if split == "all" or ex.split == {"held-out": "test", "train": "train"}[split]]
+    trained = sum(ex.split == "train" for ex in rows)
+    if trained or ran_on or args.split:
+        why = "" if args.split else " (the default: held-out rows for a model trained on this task, else all)"
+        print(f"task {args.task}: {len(rows)} rows, {trained} of them in the training split of a run on it"
+              f"{'; this model was trained on it' if ran_on else ''}: evaluating the {split} rows{why}",
+              file=sys.stderr)
+    if not chosen:
+        raise UserError(f"task {args.task} has no {split} rows: choose another --split.")
+    return chosen[:args.n]
+
+
+def _trained_on(model: str, task: str) -> bool:
+    """Whether `model` is a checkpoint whose run trained on `task` (a stage's task or one part of a joined one)."""
+    from pathlib import Path
+
+    from .data.tasks import parts_of
+
+    saved = Path(model) / "train_config.yaml"
+    cfg = config_mod.load_file(saved) if saved.is_file() else {}
+    specs = [cfg.get("task")] + [st.get("task") for st in cfg.get("stages") or [] if isinstance(st, dict)]
+    parts = {p for spec in specs if isinstance(spec, str) for p in parts_of(spec)}
+
+    def same(a: str, b: str) -> bool:
+        here, there = Path(a).expanduser(), Path(b).expanduser()
+        return a == b or here.exists() and here.resolve() == there.resolve()
+
+    return any(same(mine, theirs) for mine in parts_of(task) for theirs in parts)
+
+
 def _trained_with(model: str) -> dict:
     """The fields a checkpoint was trained with (its train_config.yaml) that say how to ask, judge and run it, else
     the training defaults."""
@@ -132,7 +170,7 @@ def cmd_compare(args) -> int:
 
     from .eval.compare import compare_runs
 
-    text = compare_runs(args.run_a, args.run_b)
+    text = compare_runs(args.run_a, args.run_b, args.include_trained)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")
@@ -269,6 +307,9 @@ def _training_commands(sub) -> None:
     p.add_argument("--samples", type=int, default=0, metavar="K", help="draw K sampled completions per problem "
                    "and report pass@1..K and majority-vote@K instead of greedy accuracy (default 0: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature with --samples")
+    p.add_argument("--split", choices=("held-out", "train", "all"), default=None, help="which rows of a data file "
+                   "(a fifth, by a hash of each prompt, is held out): default held-out when --model was trained on "
+                   "this task, else all")
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--allow-unisolated-code", action="store_true", help="where no sandbox works, run a code "
@@ -282,6 +323,8 @@ def _other_commands(sub) -> None:
     p.add_argument("run_a", metavar="A", help="a run directory (runs/<name>), or an evaluation (eval --output)")
     p.add_argument("run_b", metavar="B", help="another run directory, or another evaluation of the same problems")
     p.add_argument("--output", default=None, metavar="FILE.md", help="write the markdown here instead of printing")
+    p.add_argument("--include-trained", action="store_true", help="two evaluations: keep the rows a run on their "
+                   "task trains on (left out by default: a checkpoint answers them from memory)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("plan", help="predict seconds per step, peak memory and wall time of a train command on "
                        "this machine; with --budget/--memory, settings that fit")

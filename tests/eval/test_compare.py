@@ -174,3 +174,81 @@ def test_eval_samples_command(tiny_model, tmp_path, capsys):
                                    for r in first)
     assert [r["completions"] for r in first] == [r["completions"] for r in second]  # seeded: replayable
     assert main(["eval", "--model", tiny_model, "--samples", "2", "--temperature", "0"]) == 2
+
+
+def test_a_checkpoint_is_evaluated_on_its_runs_held_out_rows_and_trained_rows_are_never_a_gain(tiny_model, tmp_path,
+                                                                                               capsys):
+    """The issue's trap: a base model and a checkpoint evaluated on the whole file its run trained on, then compared,
+    called +5.8 points "a significant improvement" where 486 of 600 rows were trained on. Now eval keeps a run's
+    held-out rows by default and says how many rows are training rows; compare leaves training rows out, loudly."""
+    import shutil
+
+    from cpu_grpo.data.tasks import split_of
+
+    rows = [{"question": f"Ann has {i} apples and gets {i + 2} more. How many now?",
+             "answer": f"{i} + {i + 2} = {2 * i + 2}\n#### {2 * i + 2}"} for i in range(40)]
+    data = tmp_path / "mine.jsonl"
+    jsonl(data, rows)
+    held = [f"mine.jsonl:{i + 1}" for i, r in enumerate(rows) if split_of(r["question"]) == "test"]
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000010"
+    shutil.copytree(tiny_model, ckpt)
+    (ckpt / "train_config.yaml").write_text(f"task: {data}\nrewards: [correctness]\n")
+    base, trained = tmp_path / "base.jsonl", tmp_path / "trained.jsonl"
+    assert main(["eval", "--model", tiny_model, "--task", str(data), "--max-new-tokens", "2", "--output",
+                 str(base)]) == 0
+    said = capsys.readouterr().err
+    assert f"task {data}: 40 rows, {40 - len(held)} of them in the training split of a run on it: evaluating the " \
+        "all rows" in said
+    assert main(["eval", "--model", str(ckpt), "--task", str(data), "--max-new-tokens", "2", "--output",
+                 str(trained)]) == 0
+    assert "this model was trained on it: evaluating the held-out rows (the default" in capsys.readouterr().err
+    assert sorted(r["id"] for r in read_jsonl(trained)) == sorted(held) and 0 < len(held) < 20
+    assert {r["split"] for r in read_jsonl(base)} == {"train", "test"}
+    # the whole file evaluated for both: compare leaves the training rows out and says so
+    assert main(["eval", "--model", str(ckpt), "--task", str(data), "--max-new-tokens", "2", "--split", "all",
+                 "--output", str(tmp_path / "trained-all.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(base), str(tmp_path / "trained-all.jsonl")]) == 0
+    text = capsys.readouterr().out
+    assert f"**Warning: {40 - len(held)} of the 40 problems both evaluated are training rows" in text
+    assert f"- {len(held)} problems evaluated by both" in text
+    assert main(["compare", str(base), str(tmp_path / "trained-all.jsonl"), "--include-trained"]) == 0
+    assert "- 40 problems evaluated by both (held-out and training rows" in capsys.readouterr().out
+    assert main(["eval", "--model", str(ckpt), "--task", str(data), "--max-new-tokens", "2", "--split", "train",
+                 "--output", str(tmp_path / "trained-train.jsonl")]) == 0
+    jsonl(tmp_path / "base-train.jsonl", [r for r in read_jsonl(base) if r["split"] == "train"])
+    assert main(["compare", str(tmp_path / "base-train.jsonl"), str(tmp_path / "trained-train.jsonl")]) == 2
+    assert "every problem both evaluations share is a training row" in capsys.readouterr().err
+
+
+def test_a_held_out_row_is_never_a_training_row(tmp_path):
+    """Prompts that differ only by spaces, and a dataset whose test split repeats training rows: the repeats are
+    training rows, left out of the held-out set with a warning (docs/tasks.md: a held-out row is never trained on)."""
+    import warnings
+
+    from cpu_grpo.data.loaders import load_task
+    from cpu_grpo.data.tasks import split_of
+
+    base = [f"Convert {i} metres to centimetres." for i in range(200)]
+    twins = [q.replace(" to ", "  to ") for q in base]  # the same prompt, a double space
+    crossed = [(a, b) for a, b in zip(base, twins, strict=True) if split_of(a) != split_of(b)]
+    assert crossed  # a hash splits some twins across train and test
+    data = tmp_path / "spaces.jsonl"
+    jsonl(data, [{"prompt": q, "answer": "x"} for q in base + twins])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        held = load_task(str(data), split="test")
+    trained = {" ".join(ex.question.split()) for ex in load_task(str(data), split="train")}
+    assert held and not {" ".join(ex.question.split()) for ex in held} & trained
+    assert any("held-out row(s) repeat a training row" in str(w.message) for w in caught)
+    pytest.importorskip("datasets")
+    from datasets import Dataset, DatasetDict
+
+    train = Dataset.from_list([{"prompt": q, "answer": "x"} for q in base[:50]])
+    test = Dataset.from_list([{"prompt": q, "answer": "x"} for q in base[40:60]])  # 10 of them trained on
+    DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "dd"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        held = load_task(str(tmp_path / "dd"), split="test")
+    assert [ex.question for ex in held] == base[50:60]
+    assert any("10 held-out row(s) repeat a training row" in str(w.message) for w in caught)

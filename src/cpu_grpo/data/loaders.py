@@ -10,7 +10,7 @@ own test split when it has one, so a held-out row is never trained on; the shipp
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -101,25 +101,23 @@ def _gsm8k_example(row: dict, id_: str, name: str = "") -> Example:
 def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt: RowFormat = RowFormat(),
               on_error: str = "raise", name: str = "") -> list[Example]:
     """The examples of a file, a saved dataset or hf:NAME in `split` (None: the whole file, or a dataset's own test
-    split), at most `n`, in order. Rows that cannot be read stop the load with `file:line` and the fix, or are
-    skipped with one warning (on_error="skip")."""
+    split, each example marked with the split a run on it would put it in), at most `n`, in order. Rows that cannot
+    be read stop the load with `file:line` and the fix, or are skipped with one warning (on_error="skip").
+
+    A held-out row is never a training row: a held-out prompt that repeats a training one (spaces aside) is left
+    out of "test" and marked "train" (by a hash, twins that differ by spaces may fall on both sides; a dataset's
+    own test split may repeat its train split), with one warning."""
     if on_error not in ("raise", "skip"):
         raise TaskError(f"on_error must be 'raise' or 'skip', got '{on_error}'.")
     bad: list[tuple[str, str]] = []
     rows = files.read(spec, on_error, bad, limit=n if split is None else None)
-    pairs = rows.train if rows.test is None or split == "train" else rows.test
     name = name or (Path(spec).stem if not spec.startswith("hf:") else spec[3:].split(":")[0].split("/")[-1])
-    out = []
-    for id_, row in pairs:
-        if n is not None and split is None and len(out) >= n:
-            break
-        try:
-            out.append(to_example(row, id_, fmt, name))
-        except ValueError as e:
-            where = Path(spec).with_name(id_) if files.is_file_spec(spec) else id_
-            if on_error == "raise":
-                raise TaskError(f"{where}: {e}. Fix the line or pass --skip-bad-lines to skip it.") from None
-            bad.append((id_.rsplit(":", 1)[-1], str(e)))
+    out = _examples(rows.train if rows.test is None or split == "train" else rows.test, spec, fmt, on_error, bad, name)
+    if split is None and rows.test is None and len(rows.train) == n:  # cut at n: a training twin may come later
+        everything = _examples(files.read(spec, "skip", []).train, spec, fmt, "skip", [], name)
+        trained = {_same(ex.question) for ex in everything if split_of(ex.question) == "train"}
+    else:
+        trained = None
     if bad:
         warnings.warn(f"{spec}: skipped {len(bad)} malformed line(s), first at line {bad[0][0]}: {bad[0][1]}",
                       stacklevel=2)
@@ -127,13 +125,45 @@ def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt:
         raise TaskError(f"{spec}: no examples found: each row needs a {fmt.prompt_column!r} (text or chat messages), "
                         "or GSM8K's 'question' and an 'answer' ending in '#### <number>'.")
     _check_columns(out, spec)
-    if rows.test is not None or split is None:
-        return out[:n]
-    mine = [ex for ex in out if split_of(ex.question) == split]
+    if rows.test is not None:  # the dataset's own splits
+        if split == "train":
+            return [replace(ex, split="train") for ex in out[:n]]
+        trained = {_same(ex.question) for ex in _examples(rows.train, spec, fmt, "skip", [], name)}
+        marked = [replace(ex, split="train" if _same(ex.question) in trained else "test") for ex in out]
+    else:
+        trained = trained or {_same(ex.question) for ex in out if split_of(ex.question) == "train"}
+        marked = [replace(ex, split="train" if split_of(ex.question) == "train" or _same(ex.question) in trained
+                          else "test") for ex in out]
+        if split == "train":
+            return [ex for ex in marked if split_of(ex.question) == "train"][:n]
+    if twins := sum(ex.split == "train" for ex in marked if rows.test is not None or split_of(ex.question) == "test"):
+        warnings.warn(f"{spec}: {twins} held-out row(s) repeat a training row (the same prompt, spaces aside): they "
+                      "are left out of the held-out set", stacklevel=2)
+    if split is None:
+        return marked[:n]
+    mine = [ex for ex in marked if ex.split == "test"]
     if not mine:
         raise TaskError(f"{spec}: none of its questions falls in the {split} split (a fifth of them, by a hash "
                         "of the text, is held out): give a file with more problems.")
     return mine[:n]
+
+
+def _same(question: str) -> str:
+    """A prompt as compared for repeats: its words, spaces aside."""
+    return " ".join(question.split())
+
+
+def _examples(pairs, spec: str, fmt: RowFormat, on_error: str, bad: list, name: str) -> list[Example]:
+    out = []
+    for id_, row in pairs:
+        try:
+            out.append(to_example(row, id_, fmt, name))
+        except ValueError as e:
+            where = Path(spec).with_name(id_) if files.is_file_spec(spec) else id_
+            if on_error == "raise":
+                raise TaskError(f"{where}: {e}. Fix the line or pass --skip-bad-lines to skip it.") from None
+            bad.append((id_.rsplit(":", 1)[-1], str(e)))
+    return out
 
 
 def _check_columns(examples: list[Example], spec: str) -> None:
@@ -168,15 +198,16 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in order. Joined tasks give
     `n` (500 when None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
     """
-    if levels_of(spec):
-        return generate(spec, 500 if n is None else n, seed, split or "test")
-    if spec in GENERATED:
-        return generate_task(spec, 500 if n is None else n, seed, split or "test")
+    if levels_of(spec) or spec in GENERATED:  # drawn apart by seed and split: a test problem is never trained on
+        made = (generate if levels_of(spec) else generate_task)(spec, 500 if n is None else n, seed, split or "test")
+        return [replace(ex, split=split or "test") for ex in made]
     if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
         return in_equal_shares(parts, 500 if n is None else n,
                                lambda part, k: load_task(part, k, seed, split, on_error, fmt))
     if spec in DATASETS:
-        return load_jsonl(GSM8K_DIR / DATASETS[spec][split], on_error, limit=n, name="gsm8k")
+        file = DATASETS[spec][split]
+        return [replace(ex, split="train" if file.startswith("train") else "test")
+                for ex in load_jsonl(GSM8K_DIR / file, on_error, limit=n, name="gsm8k")]
     if spec.startswith("hf:") or files.is_file_spec(spec):
         return load_file(spec, split, n, fmt, on_error)
     raise TaskError(UNKNOWN.format(spec))

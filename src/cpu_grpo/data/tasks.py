@@ -65,6 +65,7 @@ class Example:
     messages: tuple = ()  # a chat prompt (TRL's conversational format); empty: `question` is the user turn
     columns: dict = field(default_factory=dict, compare=False, hash=False)  # the row's other columns
     math: bool = True  # numeric answer, math metrics, the instruction appended
+    split: str = ""  # "train": a run on its task trains on it (or on its twin); "test": held out; "": not known
 
     def chat(self, instruction: str = "", system: str = "") -> list[dict]:
         """The prompt as chat messages: a system turn when given (and the prompt has none), then the row's own

@@ -129,8 +129,10 @@ def _paired_section(a: Path, b: Path) -> list[str]:
     return head + [text, *sentences, ""]
 
 
-def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
-    """Markdown comparing two evaluations of the same problems (records matched by id): B against A."""
+def compare_evals(file_a: str | Path, file_b: str | Path, include_trained: bool = False) -> str:
+    """Markdown comparing two evaluations of the same problems (records matched by id): B against A. Rows a run on
+    their task trains on (records marked "split": "train") are left out, with a warning, unless `include_trained`:
+    a checkpoint scores those from memory, and counting them calls memory a gain."""
     from .tables import metric_summary, metric_table, type_table
 
     a, b = read_jsonl(file_a), read_jsonl(file_b)
@@ -140,22 +142,35 @@ def compare_evals(file_a: str | Path, file_b: str | Path) -> str:
     shared = {r["id"] for r in a} & {r["id"] for r in b}
     if not shared:
         raise RunError(f"{file_a} and {file_b} share no problem: evaluate both with the same --task, --n and --seed.")
+    trained = {r["id"] for r in a + b if r.get("split") == "train"} & shared
+    warning = []
+    if trained and not include_trained:
+        if not shared - trained:
+            raise RunError("every problem both evaluations share is a training row of its task (a run on it trains "
+                           "on them): evaluate the held-out rows (`cpu-grpo eval --split held-out`), or pass "
+                           "--include-trained to compare them as training rows.")
+        warning = [f"**Warning: {len(trained)} of the {len(shared)} problems both evaluated are training rows of "
+                   "their task** (a run on it trains on them, and a checkpoint of that run answers them from "
+                   f"memory): left out. The comparison is on the {len(shared - trained)} held-out rows; "
+                   "`--include-trained` keeps them.", ""]
+        shared -= trained
     a, b = (metrics.with_work([r for r in x if r["id"] in shared]) for x in (a, b))
     summary = metric_summary(a, b)
     sentences = [stats.significance_sentence(e["correct"]["delta"], f"{level}, B vs A")
                  for level, e in summary.items() if "delta" in e.get("correct", {})]
+    kept = "held-out and training rows" if trained and include_trained else "paired"
     lines = [f"# Evaluation A `{Path(file_a).name}` against evaluation B `{Path(file_b).name}`", "",
              f"- A: `{file_a}`", f"- B: `{file_b}`",
-             f"- {len(shared)} problems evaluated by both (paired; 'before' is A, 'after' is B)", "",
+             f"- {len(shared)} problems evaluated by both ({kept}; 'before' is A, 'after' is B)", "", *warning,
              metric_table(summary), *sentences, ""]
     types = type_table(a, b).replace("right before | right after", "right in A | right in B")
     return "\n".join(lines + (["## By problem type", "", types] if types else []))
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path) -> str:
+def compare_runs(run_a: str | Path, run_b: str | Path, include_trained: bool = False) -> str:
     """Markdown comparing two run directories, or two evaluation files; RunError if they are neither."""
     if Path(run_a).is_file() and Path(run_b).is_file():
-        return compare_evals(run_a, run_b)
+        return compare_evals(run_a, run_b, include_trained)
     a, b = check_run(run_a), check_run(run_b)
     lines = [f"# Run A `{a.name}` against run B `{b.name}`", "", f"- A: `{a}`", f"- B: `{b}`", ""]
     lines += _config_section(a, b) + _runs_section(a, b) + _paired_section(a, b)

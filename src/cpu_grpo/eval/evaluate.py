@@ -110,6 +110,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
 
 def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool) -> dict:
     kind = {"template": ex.template} if ex.template else {}
+    kind |= {"split": ex.split} if ex.split else {}  # "train": a row a run on its task trains on
     scored = metrics.score_completion(text, ex.answer, ex.solution, use_mv) if right is None else \
         {"pred": verifiers.final_answer(text)[:200], "correct": right}
     return {"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question, "answer": ex.answer,
