@@ -214,9 +214,36 @@ def test_an_existing_output_is_refused_unless_overwrite(runs, tmp_path):
     with pytest.raises(UserError, match="exists.*--overwrite"):
         export(_quiet(spec=str(runs["full"]), format="gguf", out=str(out), verify=False), log=lambda *a: None)
     assert (out / "mine.txt").read_text() == "keep"
+    said = []
     export(_quiet(spec=str(runs["full"]), format="gguf", out=str(out), verify=False, overwrite=True),
-           log=lambda *a: None)
+           log=said.append)
     assert not (out / "mine.txt").exists() and list(out.glob("*.gguf"))
+    moved = next(tmp_path.glob("out.before-export-*"))  # what was there is kept, and said
+    assert (moved / "mine.txt").read_text() == "keep" and f"moved what was at {out} to {moved} (--overwrite)" in said
+    export(_quiet(spec=str(runs["full"]), format="gguf", out=str(out), verify=False, overwrite=True),
+           log=said.append)
+    assert f"replaced the earlier export at {out}" in said and not list(tmp_path.glob(".out.old-*"))
+    (tmp_path / "file.gguf").write_text("mine")  # a file of yours, likewise
+    export(_quiet(spec=str(runs["full"]), format="gguf", out=str(tmp_path / "file.gguf"), verify=False,
+                  overwrite=True), log=said.append)
+    assert next(tmp_path.glob("file.gguf.before-export-*")).read_text() == "mine"
+
+
+def test_an_export_never_replaces_a_run_its_own_checkpoint_or_the_folder_you_are_in(runs, tmp_path, monkeypatch):
+    """`export runs/X/checkpoints/step-N --format hf --out runs/X --overwrite` replaced the whole run, the
+    checkpoint being exported included; `--out . --overwrite` stopped with a ValueError after the work."""
+    ckpt = sorted((runs["full"] / "checkpoints").glob("step-*"))[-1]
+    before = _digest(runs["full"])
+    monkeypatch.chdir(tmp_path)
+    for out, words in [(runs["full"], "holds the checkpoint being exported"), (ckpt, "holds the checkpoint"),
+                       (runs["full"].parent, "holds the checkpoint"), (".", "is the folder you are in")]:
+        with pytest.raises(UserError, match=words + ".*an export never replaces it"):
+            export(_quiet(spec=str(ckpt), format="hf", out=str(out), verify=False, overwrite=True),
+                   log=lambda *a: None)
+    with pytest.raises(UserError, match=r"holds a training run \(metrics.jsonl\)"):
+        export(_quiet(spec=str(ckpt), format="hf", out=str(runs["lora"]), verify=False, overwrite=True),
+               log=lambda *a: None)
+    assert _digest(runs["full"]) == before
 
 
 def test_a_full_disk_removes_the_partial_files_and_leaves_the_checkpoint(runs, tmp_path, monkeypatch):

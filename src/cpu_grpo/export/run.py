@@ -84,6 +84,9 @@ def export(req: Request, log=print) -> Result:
     out = Path(req.out).expanduser() if req.out else default_out(src, req)
     if out.exists() and not req.overwrite:
         raise UserError(f"{out} exists: choose another --out, or add --overwrite to replace it.")
+    if why := unsafe_out(out, src):
+        raise UserError(f"--out {req.out or out} {why}: an export never replaces it; choose another --out (by "
+                        f"default {default_out(src, req)}).")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
@@ -91,7 +94,7 @@ def export(req: Request, log=print) -> Result:
         result.out, result.command = out, result.command.replace(str(tmp), str(out))
         card.write(tmp, src, req, result)
         result.files["export.md"] = (tmp / "export.md").stat().st_size
-        _replace(tmp, out)
+        _replace(tmp, out, log)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -105,11 +108,37 @@ def export(req: Request, log=print) -> Result:
     return result
 
 
-def _replace(tmp: Path, out: Path) -> None:
+RUN_MARKERS = ("metrics.jsonl", "train_config.yaml", "run.lock", "status.json", "checkpoints")
+
+
+def unsafe_out(out: Path, src: source.Source) -> str | None:
+    """Why `out` may not be replaced by an export (it holds the checkpoint being exported, the folder you are in,
+    or a run), else None."""
+    where = out.resolve()
+    if where == src.checkpoint.resolve() or where in src.checkpoint.resolve().parents:
+        return f"holds the checkpoint being exported ({src.checkpoint})"
+    if where == Path.cwd().resolve() or where in Path.cwd().resolve().parents:
+        return "is the folder you are in, or holds it"
+    if where.is_dir():
+        runs = [m for m in RUN_MARKERS if (where / m).exists()] or \
+            [f"{d.name}/{m}" for d in where.iterdir() if d.is_dir() for m in RUN_MARKERS if (d / m).exists()][:1]
+        if runs:
+            return f"holds a training run ({runs[0]})"
+    return None
+
+
+def _replace(tmp: Path, out: Path, log=print) -> None:
+    """Put the finished export `tmp` at `out`. An earlier export there (its export.md) is removed; anything else of
+    yours is moved aside, visibly, and the line says where."""
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        earlier = out.is_dir() and ((out / "export.md").exists() or not any(out.iterdir()))
+        old = out.with_name(f".{out.name}.old-{time.time_ns()}" if earlier else
+                            f"{out.name}.before-export-{time.strftime('%Y%m%d-%H%M%S')}")
         out.rename(old)
+        log(f"replaced the earlier export at {out}" if earlier else f"moved what was at {out} to {old} (--overwrite)")
+        if not earlier:
+            old = None
     tmp.rename(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
