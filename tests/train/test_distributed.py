@@ -217,6 +217,22 @@ def test_two_machines_launched_by_train_nnodes_train_as_one_run(tiny_model, tmp_
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
 
 
+def test_two_machines_started_with_different_configurations_are_refused_naming_the_field(tiny_model, tmp_path):
+    """Different learning rates trained with exit code 0 while the weights drifted apart; different models or
+    steps ended in a C++ abort or 'another rank stopped answering'."""
+    port, env = _free_port(), {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    run = ["--model", tiny_model, "--steps", "2", "--prompts-per-step", "2", "--num-generations", "2",
+           "--max-new-tokens", "8", "--eval-size", "0", "--train-size", "20"]
+    rates = (["--learning-rate", "1e-5"], ["--learning-rate", "3e-5"])
+    procs = [subprocess.Popen(_nnodes(tmp_path, r, port, *run, *rates[r]), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs[0][-3000:] + outs[1][-3000:]
+    said = "rank 1 was started with learning_rate = 3e-05 but rank 0 with 1e-05: start every rank with the same"
+    assert all(said in out and "Traceback" not in out for out in outs), outs[0][-3000:] + outs[1][-3000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_a_machine_that_never_joins_is_one_sentence_within_the_join_timeout(tiny_model, tmp_path):
     port = _free_port()
     t0 = time.time()

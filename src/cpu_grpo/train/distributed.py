@@ -120,6 +120,23 @@ class World:
 SINGLE = World()  # one process: never changed, since no collective runs
 
 
+PER_MACHINE = ("threads", "allocator")  # fields a machine may set for itself
+
+
+def same_config(world: World, fields: dict) -> None:
+    """Every rank was started with rank 0's configuration (but the PER_MACHINE fields), or RankError naming the
+    first field that differs: different learning rates drift apart without a word, and different models, steps or
+    LoRA end later in a collective's size mismatch."""
+    if world.size == 1:
+        return
+    every = world.gather({k: v for k, v in fields.items() if k not in PER_MACHINE})
+    for rank, theirs in enumerate(every):
+        if diff := next((k for k in every[0] if every[0][k] != theirs.get(k)), None):
+            raise RankError(f"rank {rank} was started with {diff} = {theirs.get(diff)!r} but rank 0 with "
+                            f"{every[0][diff]!r}: start every rank with the same configuration (the same command "
+                            "and config file on every machine).")
+
+
 def init(timeout_s: float) -> World:
     """Join the process group that torchrun describes (env://), with a bounded timeout; SINGLE without torchrun."""
     if not launched():

@@ -44,6 +44,7 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
     world = distributed.init(cfg.ddp_timeout)
     run_dir, created = None, False
     try:
+        distributed.same_config(world, cfg.to_dict())
         fewest = min(s.prompts_per_step for s in plan(cfg))
         if fewest < world.size:
             raise TrainingError(f"prompts_per_step {fewest} is less than the {world.size} ranks: each "
