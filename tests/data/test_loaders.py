@@ -164,3 +164,34 @@ def test_hf_rows_convert_like_jsonl(monkeypatch):
     assert calls == [("openai/gsm8k", "main", "test"), ("me/data", None, "train")]
     with pytest.raises(TaskError, match="needs a dataset name"):
         load_task("hf:")
+
+
+def test_files_as_spreadsheets_and_pandas_write_them_load_right_or_say_why(tmp_path):
+    """A UTF-8 byte-order mark (Excel's "CSV UTF-8") was read into the first column's name; a CSV row with an
+    unquoted comma was found only when a batch drew it, blaming the reward; chat messages in a CSV cell arrived as
+    one user message holding JSON text; a cut or foreign .parquet file ended in pyarrow's traceback."""
+    rows = [{"prompt": f"Say {i}.", "answer": str(i)} for i in range(10)]
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    header = "prompt,answer\n" + "".join(f"Say {i}.,{i}\n" for i in range(10))
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + header.encode())
+    for name in ("bom.jsonl", "bom.csv"):
+        got = load_task(str(tmp_path / name), split=None)
+        assert [ex.question for ex in got] == [r["prompt"] for r in rows] and got[0].columns == {"answer": "0"}
+    (tmp_path / "extra.csv").write_text(header + "Say 10, please.,10\n" + "Say 11.,11\n")
+    with pytest.raises(TaskError, match=r"extra.csv:12: 3 fields where the header has 2: quote a field that holds "
+                                        r"a comma .*--skip-bad-lines"):
+        load_task(str(tmp_path / "extra.csv"), split=None)
+    with pytest.warns(UserWarning, match="skipped 1 malformed line"):
+        assert len(load_task(str(tmp_path / "extra.csv"), split=None, on_error="skip")) == 11
+    chat = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of Peru?"}]
+    import csv
+
+    with open(tmp_path / "chat.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["prompt", "answer"], [json.dumps(chat), "Lima"]])
+    (got,) = load_task(str(tmp_path / "chat.csv"), split=None)
+    assert got.messages == tuple(chat) and got.question == "Answer in one word.\nCapital of Peru?"
+    (tmp_path / "cut.parquet").write_bytes(b"PAR1 not really")
+    (tmp_path / "text.parquet").write_text("prompt,answer\nSay 1.,1\n")
+    for name in ("cut.parquet", "text.parquet"):
+        with pytest.raises(TaskError, match=f"{name}: not a readable Parquet file .*write it again"):
+            load_task(str(tmp_path / name), split=None)

@@ -277,7 +277,7 @@ def test_load_file_that_raises(tmp_path):
     ([1.0], "returned a list of length 1 for 2 completions"),
     (["1.0", 0.0], "returned '1.0' \\(str\\): return floats"),
     ([{"a": 1}, 0.0], "returned \"{'a': 1}\" \\(dict\\)"),
-    ([float("-inf"), 0.0], "returned an infinite value"),
+    ([float("-inf"), 0.0], "returned -inf: return finite floats"),
 ])
 def test_bad_reward_output_names_the_function(values, words):
     from cpu_grpo.data.rewards import as_scores
@@ -441,3 +441,15 @@ def test_an_evaluation_judge_has_the_runs_time_limit(slow_file):
     assert judge.scores(rows, ["hi"], [[1]], lines.append) == [False]
     assert time.monotonic() - t0 < 5 and "ran past its limit of 0.3 s" in lines[0]
     rewards._late.clear()
+
+
+def test_a_reward_too_large_to_train_on_is_named():
+    """+-1e300 is finite, but every step then said "the gradient is not finite: update skipped" and the run
+    learned nothing, naming no reward."""
+    from cpu_grpo.data.rewards import as_scores
+    from cpu_grpo.errors import RewardError
+
+    assert as_scores("mine", [1e6, -1e6, 0.5], 3) == [1e6, -1e6, 0.5]
+    for value in (1e300, -1e300, float("inf"), 2e6):
+        with pytest.raises(RewardError, match=r"reward function mine returned .*within \+-1e\+06 \(scale it"):
+            as_scores("mine", [0.0, value], 2)

@@ -268,3 +268,21 @@ def test_sampler_release_drops_packed_weights_and_samples_again(model):
     sampler.release()
     assert sampler.projs is None and sampler.head is None
     assert sampler.generate(prompts, 2, Sampling(5, (), 0), torch.Generator().manual_seed(3)) == before
+
+
+def test_a_role_the_chat_template_refuses_is_one_sentence(tiny_model):
+    """A chat template that raises on a role (as Gemma's and Mistral's do) gave jinja2's TemplateError, in eval
+    and train alike."""
+    from transformers import AutoTokenizer
+
+    from cpu_grpo.engine.rollout import encode_prompts
+    from cpu_grpo.errors import UserError
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}"
+                         "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+                         "{{ m['content'] }}{% endfor %}")
+    assert encode_prompts(tok, [[{"role": "user", "content": "hi"}]])
+    with pytest.raises(UserError, match=r"the model's chat template refuses a prompt with the roles system, user "
+                                        r"\(Conversation roles must alternate user/assistant\): give the prompts"):
+        encode_prompts(tok, [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]])

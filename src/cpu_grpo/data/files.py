@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +50,13 @@ def read(spec: str, on_error: str = "raise", bad: list | None = None, limit: int
         raise TaskError(f"{spec}: not a whole gzip file: compress it again with gzip, or pass it uncompressed.") \
             from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is not part of the first column
     except UnicodeDecodeError:
         raise TaskError(f"{spec}: not UTF-8 text: give JSON lines, JSON, CSV (each may be gzipped) or Parquet.") \
             from None
     kind = path.with_suffix("").suffix if path.suffix == ".gz" else path.suffix
     if kind == ".csv":
-        return Rows([(f"{path.name}:{i}", dict(row)) for i, row in enumerate(csv.DictReader(text.splitlines()), 2)])
+        return Rows(_csv(path, text, on_error, bad if bad is not None else []))
     if kind == ".json":
         return Rows(_json(path, text))
     return Rows(_jsonl(path, text, on_error, bad if bad is not None else [], limit))
@@ -83,6 +84,37 @@ def _jsonl(path: Path, text: str, on_error: str, bad: list, limit: int | None) -
     return out
 
 
+def _csv(path: Path, text: str, on_error: str, bad: list) -> list[tuple[str, dict]]:
+    """CSV rows by their header; a row with more or fewer fields than the header is a bad line (an unquoted comma
+    in a field, a cut line), and a cell that holds chat messages as JSON text is read as those messages."""
+    reader, out = csv.DictReader(io.StringIO(text, newline="")), []
+    for row in reader:
+        if None in row or None in row.values():
+            got = len(reader.fieldnames or []) + len(row.get(None) or []) - list(row.values()).count(None)
+            reason = f"{got} fields where the header has {len(reader.fieldnames or [])}"
+            if on_error == "raise":
+                raise TaskError(f"{path}:{reader.line_num}: {reason}: quote a field that holds a comma (\"a, b\"). "
+                                "Fix the line or pass --skip-bad-lines to skip it.")
+            bad.append((str(reader.line_num), reason))
+            continue
+        out.append((f"{path.name}:{reader.line_num}", {k: _chat_cell(v) for k, v in row.items()}))
+    return out
+
+
+def _chat_cell(value: str):
+    """A CSV cell holding chat messages as JSON text ([{"role": ..., "content": ...}, ...]) as those messages."""
+    if not value.lstrip().startswith("[{"):
+        return value
+    try:
+        messages = json.loads(value)
+    except ValueError:
+        return value
+    chat = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(x, str) for x in m.values())
+        for m in messages)
+    return messages if chat else value
+
+
 def _json(path: Path, text: str) -> list[tuple[str, dict]]:
     """A JSON list of objects, or an object holding one such list (e.g. {"data": [...]})."""
     try:
@@ -102,7 +134,12 @@ def _parquet(path: Path) -> list[tuple[str, dict]]:
         import pyarrow.parquet as pq
     except ImportError:
         raise TaskError(f"{path}: reading Parquet needs pyarrow: pip install 'cpu-grpo[data]'.") from None
-    return [(f"{path.name}:{i}", row) for i, row in enumerate(pq.read_table(path).to_pylist())]
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow.lib.ArrowInvalid for a cut or foreign file, OSError for some others
+        raise TaskError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0][:120]}): write it again "
+                        "(pandas: df.to_parquet), or give JSON lines or CSV.") from None
+    return [(f"{path.name}:{i}", row) for i, row in enumerate(table.to_pylist())]
 
 
 def _datasets():

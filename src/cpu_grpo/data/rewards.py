@@ -130,6 +130,9 @@ def soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) ->
     return overlong_reward
 
 
+MAX_REWARD = 1e6  # a reward's size: its square, summed over a group, must stay finite in float32 (3.4e38)
+
+
 def as_scores(name: str, values: Any, n: int) -> list[float]:
     """A reward function's output as n floats (None -> nan: "cannot score this one"), or a RewardError that names
     the function and says what it returned.
@@ -151,8 +154,9 @@ def as_scores(name: str, values: Any, n: int) -> list[float]:
         except (TypeError, ValueError):
             raise RewardError(f"reward function {name} returned {str(v)[:40]!r} ({type(v).__name__}): return "
                               "floats, or None for a completion it cannot score") from None
-        if math.isinf(x):
-            raise RewardError(f"reward function {name} returned an infinite value: return finite floats, or None "
+        if math.isinf(x) or abs(x) > MAX_REWARD:
+            raise RewardError(f"reward function {name} returned {x:g}: return finite floats within +-{MAX_REWARD:g} "
+                              "(scale it; beyond that the group's spread overflows and no update is made), or None "
                               "for a completion it cannot score")
         out.append(x)
     return out
