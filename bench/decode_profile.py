@@ -24,6 +24,7 @@ import cpu_grpo.engine.rollout as rollout
 from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.engine.models import set_threads
+from cpu_grpo.engine.prompts import encode_prompts
 from cpu_grpo.machine.allocator import keep_freed_memory
 from cpu_grpo.train import runstate
 
@@ -56,7 +57,7 @@ def main() -> None:
     b, g, new = map(int, args.grid.split("x"))
     for r in range(3):
         batch = problems[r * b:(r + 1) * b]
-        prompts = rollout.encode_prompts(run.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
+        prompts = encode_prompts(run.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
         profiling = r == 1 and not args.compile
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profiling else None
         with prof or nullcontext():

@@ -127,7 +127,8 @@ def _eval_examples(args, fmt) -> list:
     if trained or ran_on or args.split:
         why = "" if args.split else " (the default: held-out rows for a model trained on this task, else all)"
         print(f"task {args.task}: {len(rows)} rows, {trained} of them in the training split of a run on it"
-              f"{'; this model was trained on it' if ran_on else ''}: evaluating the {split} rows{why}",
+              f"{'; this model was trained on it' if ran_on else ''}: evaluating "
+              f"{ {'all': 'all rows', 'held-out': 'the held-out rows', 'train': 'the training rows'}[split]}{why}",
               file=sys.stderr)
     if not chosen:
         raise UserError(f"task {args.task} has no {split} rows: choose another --split.")

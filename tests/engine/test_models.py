@@ -167,7 +167,8 @@ def test_real_default_model_fast_sampler_equals_generate(real_cache):
     import torch
 
     from cpu_grpo.engine.models import load_model
-    from cpu_grpo.engine.rollout import Sampler, Sampling, encode_prompts, stop_ids
+    from cpu_grpo.engine.prompts import encode_prompts
+    from cpu_grpo.engine.rollout import Sampler, Sampling, stop_ids
 
     try:
         model, tok = load_model("smollm2-135m", log=lambda *a: None)

@@ -275,7 +275,7 @@ def test_a_role_the_chat_template_refuses_is_one_sentence(tiny_model):
     and train alike."""
     from transformers import AutoTokenizer
 
-    from cpu_grpo.engine.rollout import encode_prompts
+    from cpu_grpo.engine.prompts import encode_prompts
     from cpu_grpo.errors import UserError
 
     tok = AutoTokenizer.from_pretrained(tiny_model)

@@ -197,8 +197,8 @@ def test_a_checkpoint_is_evaluated_on_its_runs_held_out_rows_and_trained_rows_ar
     assert main(["eval", "--model", tiny_model, "--task", str(data), "--max-new-tokens", "2", "--output",
                  str(base)]) == 0
     said = capsys.readouterr().err
-    assert f"task {data}: 40 rows, {40 - len(held)} of them in the training split of a run on it: evaluating the " \
-        "all rows" in said
+    assert f"task {data}: 40 rows, {40 - len(held)} of them in the training split of a run on it: evaluating all " \
+        "rows (the default" in said
     assert main(["eval", "--model", str(ckpt), "--task", str(data), "--max-new-tokens", "2", "--output",
                  str(trained)]) == 0
     assert "this model was trained on it: evaluating the held-out rows (the default" in capsys.readouterr().err

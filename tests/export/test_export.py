@@ -72,7 +72,7 @@ def test_rope_permutation_is_undone_by_transformers():
 def test_template_appends_the_instruction_once(tiny_model):
     from transformers import AutoTokenizer
 
-    from cpu_grpo.engine.rollout import encode_prompts
+    from cpu_grpo.engine.prompts import encode_prompts
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     template = prompt.with_instruction(tok.chat_template, INSTRUCTION)

@@ -29,7 +29,8 @@ def _get(spec: str) -> tuple:
 
 def answer(spec: str, question: str, instruction: str = "", max_new_tokens: int = 256) -> str:
     """The model's greedy answer to one question, in the chat format training uses."""
-    from ..engine.rollout import Sampling, encode_prompts
+    from ..engine.prompts import encode_prompts
+    from ..engine.rollout import Sampling
 
     spec, question = (spec or "").strip(), (question or "").strip()
     if not spec or not question:

@@ -78,7 +78,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     With `out_path`, each batch's records are appended as soon as they are made, and the problems that file already
     holds are not evaluated again (a rerun continues where a killed one ended); `stop()` true after a batch ends the
     evaluation there, its records kept."""
-    from ..engine.rollout import encode_prompts
+    from ..engine.prompts import encode_prompts
 
     use_mv = metrics.math_verify_available()
     if not use_mv and any(ex.math for ex in examples):
@@ -167,7 +167,7 @@ def run_sampled(sampler, tok, examples, instruction: str, sampling, k: int, seed
     """k completions per example drawn with `sampling` (a seeded torch.Generator); one `sampled_record` each."""
     import torch
 
-    from ..engine.rollout import encode_prompts
+    from ..engine.prompts import encode_prompts
 
     gen = torch.Generator().manual_seed(seed)
     per_call = max(1, batch_size // k)

@@ -142,7 +142,7 @@ def add_tokenizer(w, tok, tok_dir: Path, vocab_size: int, template: str | None) 
     w.add_token_types(types)
     special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=len(tokens))
     special.chat_template = template
-    # prompts were encoded without special tokens added (rollout.encode_prompts): say so, or llama.cpp adds a BOS
+    # prompts were encoded without special tokens added (prompts.encode_prompts): say so, or llama.cpp adds a BOS
     special.add_special_token = {"bos": False}
     for kind in ("bos", "eos", "pad"):  # the ids the run used (its tokenizer's), whatever tokenizer.json says
         if getattr(tok, f"{kind}_token_id", None) is not None:

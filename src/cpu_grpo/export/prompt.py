@@ -1,6 +1,6 @@
 """The prompt travels with the model: the run's instruction inside the exported chat template.
 
-A run asks every question as one user message, `question + "\\n" + instruction` (rollout.encode_prompts). The
+A run asks every question as one user message, `question + "\\n" + instruction` (prompts.encode_prompts). The
 exported chat template appends the instruction to the last user message itself (unless the message already
 contains it), so that `apply_chat_template([{"role": "user", "content": question}])`, llama.cpp's `--jinja` and
 anything else that renders the template ask the model the way it learned.

@@ -13,7 +13,7 @@ import torch
 from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
-from ..engine.rollout import encode_prompts
+from ..engine.prompts import encode_prompts
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status

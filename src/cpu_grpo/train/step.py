@@ -36,7 +36,7 @@ import torch
 from ..config import TrainConfig
 from ..config.stages import Stage
 from ..data import rewards, tasks
-from ..engine.rollout import encode_prompts
+from ..engine.prompts import encode_prompts
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
