@@ -23,6 +23,15 @@ def test_stage_files_of_file_tasks_stay_in_the_run(tmp_path):
         assert path.parent == tmp_path / "evals" and "/" not in path.name
 
 
+def test_a_file_tasks_stage_evaluation_is_named_once_with_jsonl(tmp_path):
+    """`after-1-units.jsonl.jsonl` became `after-1-units.jsonl`; a run written before keeps its file."""
+    assert stage_eval_path(tmp_path, 0, "units.jsonl").name == "after-1-units.jsonl"
+    assert stage_eval_path(tmp_path, 1, "data/q.csv.gz").name == "after-2-data-q.jsonl"
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "after-1-units.jsonl.jsonl").write_text("{}\n")
+    assert stage_eval_path(tmp_path, 0, "units.jsonl").name == "after-1-units.jsonl.jsonl"
+
+
 def test_cut_jsonl_drops_later_steps_and_a_half_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')

@@ -33,10 +33,21 @@ def code_version() -> str:
         return __version__
 
 
+_DATA_SUFFIX = re.compile(r"\.(jsonl|json|csv|parquet)(\.gz)?$")
+
+
 def stage_eval_path(run: Path, index: int, name: str) -> Path:
     """evals/after-K-<stage>.jsonl; a stage named after a file task ("data/x.jsonl", "hf:org/name") gets a
-    file name without path separators ("data-x.jsonl", "hf-org-name")."""
-    return Path(run) / "evals" / f"after-{index + 1}-{file_safe(name)}.jsonl"
+    file name without path separators or its data suffix ("after-1-data-x.jsonl", "after-1-hf-org-name.jsonl"). A
+    run evaluated before that rule keeps its file ("after-1-data-x.jsonl.jsonl").
+
+    >>> stage_eval_path(Path("run"), 0, "data/units.jsonl").name
+    'after-1-data-units.jsonl'
+    """
+    evals = Path(run) / "evals"
+    new = evals / f"after-{index + 1}-{file_safe(_DATA_SUFFIX.sub('', name))}.jsonl"
+    old = evals / f"after-{index + 1}-{file_safe(name)}.jsonl"
+    return old if old.exists() and not new.exists() else new
 
 
 def file_safe(name: str) -> str:

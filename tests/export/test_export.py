@@ -259,6 +259,39 @@ def test_a_full_disk_removes_the_partial_files_and_leaves_the_checkpoint(runs, t
     assert list(tmp_path.iterdir()) == [] and _digest(runs["full"] / "checkpoints") == before
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KB tmpfs, and the same read-only (root mounts them, as CI runs)."""
+    import os
+    import subprocess
+
+    disks = {"full": tmp_path / "full", "ro": tmp_path / "ro"}
+    for name, where in disks.items():
+        where.mkdir()
+        options = "size=64k" + (",ro" if name == "ro" else "")
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                                               capture_output=True).returncode:
+            pytest.skip("mounting a small tmpfs needs root (run the suite as root, as CI does)")
+    yield disks
+    for where in disks.values():
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_export_onto_a_full_or_read_only_disk_is_one_sentence(runs, small_disk):
+    """--format hf onto a full disk raised safetensors' SafetensorError (not an OSError, so the full-disk sentence
+    was skipped); a read-only folder raised EROFS's traceback."""
+    from cpu_grpo.cli import main
+
+    before = _digest(runs["full"] / "checkpoints")
+    with pytest.raises(UserError, match="the disk filled while writing the export.*removed the partial files"):
+        export(_quiet(spec=str(runs["full"]), format="hf", out=str(small_disk["full"] / "hf"), verify=False),
+               log=lambda *a: None)
+    assert list(small_disk["full"].iterdir()) == [] and _digest(runs["full"] / "checkpoints") == before
+    assert main(["export", str(runs["full"]), "--format", "gguf", "--out", str(small_disk["ro"] / "x")]) == 2
+    with pytest.raises(UserError, match=r"cannot write into .*/ro \(Read-only file system\): choose another --out"):
+        export(_quiet(spec=str(runs["full"]), format="gguf", out=str(small_disk["ro"] / "x")), log=lambda *a: None)
+
+
 def test_cli_export_defaults_to_the_runs_exports_directory(runs, capsys):
     from cpu_grpo.cli import main
 

@@ -254,6 +254,23 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
 
 
+def test_a_skipped_first_update_brings_no_pytorch_warning(tiny_model, tmp_path, reward_file, monkeypatch):
+    """PyTorch's "lr_scheduler.step() before optimizer.step()" reached the user at step 1 of a run whose first
+    update was skipped (the log already says why)."""
+    import warnings
+
+    import cpu_grpo.train.update as update_mod
+
+    real = update_mod.grpo_loss
+    monkeypatch.setattr(update_mod, "grpo_loss", lambda *a, **kw: (real(*a, **kw)[0] * math.nan, real(*a, **kw)[1]))
+    lines = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_cfg(tiny_model, tmp_path / "run", reward_file, eval_size=0, steps=2), log=lines.append)
+    assert sum("the gradient is not finite" in str(x) for x in lines) == 2
+    assert not [w for w in caught if "lr_scheduler" in str(w.message)], [str(w.message) for w in caught]
+
+
 def test_resume_after_an_unclean_stop_logs_each_step_once(tiny_model, tmp_path, reward_file):
     """A kill after step 3 was logged but before its checkpoint (the newest is step 2), with a checkpoint half
     written and a half-written log line: resuming drops the records of step 3 and the partial directory, and the
@@ -587,6 +604,9 @@ def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_
     assert (out / "eval_before.jsonl").read_text() == before
     assert (out / "train_config.yaml").read_text() == config_text  # the run's own config, to resume with
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    said = []  # a resume that reuses the base evaluation says so (it did without a word)
+    train(tiny_cfg(tiny_model, out, reward_file, steps=3), resume=True, log=said.append)
+    assert any(str(x).startswith(f"the base model's evaluation: reusing {out / 'eval_before.jsonl'} (") for x in said)
 
 
 @pytest.fixture

@@ -87,23 +87,25 @@ def export(req: Request, log=print) -> Result:
     if why := unsafe_out(out, src):
         raise UserError(f"--out {req.out or out} {why}: an export never replaces it; choose another --out (by "
                         f"default {default_out(src, req)}).")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:  # before the model loads: a folder that cannot be written is found now
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    except OSError as e:
+        raise UserError(f"cannot write into {out.parent} ({e.strerror}): choose another --out.") from None
     try:
         result = _write_and_check(src, req, tmp, log)
         result.out, result.command = out, result.command.replace(str(tmp), str(out))
         card.write(tmp, src, req, result)
         result.files["export.md"] = (tmp / "export.md").stat().st_size
         _replace(tmp, out, log)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        # safetensors says a full disk in its own error type, not an OSError
+        full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(e)
+        if full:
             raise UserError(f"the disk filled while writing the export to {out.parent}: removed the partial files "
                             f"(the checkpoint {src.checkpoint} is untouched); free some space or choose another "
                             "--out, then export again.") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
 

@@ -126,7 +126,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     eval_set = curriculum.held_out(cfg)
     # refused now, not after the base evaluation, and before the config is saved over a resumed run's own
     if eval_set and (run_dir / "eval_before.jsonl").exists():
-        check_base_records(run_dir / "eval_before.jsonl", eval_set)
+        log(check_base_records(run_dir / "eval_before.jsonl", eval_set))
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]  # a bad reward (each stage loads

@@ -48,9 +48,10 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
     return records
 
 
-def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> None:
+def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> str:
     """A resumed run's base evaluation (eval_before.jsonl) must be the one its config asks for: every held-out problem
-    scored, at its set's completion limit (records from before the limit was recorded are taken as they are)."""
+    scored, at its set's completion limit (records from before the limit was recorded are taken as they are).
+    Returns the line that says it is reused."""
     records = {x["id"]: x for x in read_jsonl(path)}
     for s in sets:
         missing = sum(ex.id not in records for ex in s.examples)
@@ -61,6 +62,8 @@ def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> None:
                     f"evaluates it at {s.max_new_tokens}")
             raise UserError(f"{path}: held-out set '{s.task}': {what}. Move the file away to evaluate the base model "
                             "again with this config, or resume with the config that made it.")
+    return (f"the base model's evaluation: reusing {path} ({len(records)} problems, written "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(path.stat().st_mtime))}); move it away to evaluate again")
 
 
 def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[tasks.Example]:

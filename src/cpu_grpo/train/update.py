@@ -6,6 +6,7 @@ non-finite gradient skips it; an exploded or vanished one is said). grpo.py has 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -93,7 +94,9 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
     summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
     sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
     upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained, micro_cap)
-    r.sched.step()
+    with warnings.catch_warnings():  # a skipped update still moves the schedule on: PyTorch's warning is not news
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        r.sched.step()
     r.sampler.refresh()
     return upd
 
