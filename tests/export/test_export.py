@@ -24,7 +24,7 @@ def _train(model: str, out: Path, reward: Path, **kw) -> Path:
     values = dict(model=model, output_dir=str(out), steps=2, prompts_per_step=2, num_generations=4, max_new_tokens=8,
                   eval_size=4, eval_max_new_tokens=8, save_every=2, rewards=[f"{reward}:length_reward"],
                   reward_weights=[1.0], learning_rate=1e-2, train_size=40, score_truncated=True,
-                  instruction=INSTRUCTION, **kw)
+                  **{"instruction": INSTRUCTION, **kw})
     train(config.build(None, None, values), log=lambda *a: None)
     return out
 
@@ -290,6 +290,31 @@ def test_export_onto_a_full_or_read_only_disk_is_one_sentence(runs, small_disk):
     assert main(["export", str(runs["full"]), "--format", "gguf", "--out", str(small_disk["ro"] / "x")]) == 2
     with pytest.raises(UserError, match=r"cannot write into .*/ro \(Read-only file system\): choose another --out"):
         export(_quiet(spec=str(runs["full"]), format="gguf", out=str(small_disk["ro"] / "x")), log=lambda *a: None)
+
+
+def test_an_export_of_a_task_of_your_own_carries_its_rows_prompt(tiny_model, tmp_path):
+    """A run on chat rows that each carry one system prompt: the Modelfile's SYSTEM was the base model's default
+    and export.md's example a math word problem (asked so, the export answered 0 of 20 like the checkpoint); and
+    export.md said the template was left as the checkpoint's (--keep-template) with no such flag given."""
+    import json
+
+    from tests.conftest import REWARD
+
+    system = "Answer with the capital only, in <answer> tags."
+    rows = [{"prompt": [{"role": "system", "content": system},
+                        {"role": "user", "content": f"What is the capital of country number {i}?"}], "answer": "x"}
+            for i in range(40)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "r.py").write_text(REWARD)
+    run = tmp_path / "run"
+    _train(tiny_model, run, tmp_path / "r.py", task=str(tmp_path / "rows.jsonl"), instruction="")
+    export(_quiet(spec=str(run), format="gguf", quant="q8_0", out=str(tmp_path / "out"), ollama="mine",
+                  verify=False), log=lambda *a: None)
+    modelfile, card_text = (tmp_path / "out" / "Modelfile").read_text(), (tmp_path / "out" / "export.md").read_text()
+    assert system in modelfile  # as SYSTEM, or in TEMPLATE where the template writes no system turn of its own
+    assert "What is the capital of country number" in card_text and "apples" not in card_text
+    assert f"and with this system prompt first: `{system}`" in card_text
+    assert "--keep-template" not in card_text and "The run appended no instruction" in card_text
 
 
 def test_cli_export_defaults_to_the_runs_exports_directory(runs, capsys):

@@ -14,12 +14,14 @@ def _size(n: int) -> str:
 
 def _usage(src: source.Source, req, out_name: str, files: dict, command: str) -> list[str]:
     """Copy-paste lines that load and ask the export, per format."""
-    q = "Tom has 3 apples and buys 5 more. How many apples does he have?"
+    q = (src.example or "Tom has 3 apples and buys 5 more. How many apples does he have?").replace('"', "'")
+    q = " ".join(q.split())[:300]
+    turns = ([{"role": "system", "content": src.system}] if src.system else []) + [{"role": "user", "content": q}]
     if req.format == "hf":
         return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
                 f'tok = AutoTokenizer.from_pretrained("{out_name}")',
                 f'model = AutoModelForCausalLM.from_pretrained("{out_name}")',
-                f'ids = tok.apply_chat_template([{{"role": "user", "content": "{q}"}}], add_generation_prompt=True, '
+                f"ids = tok.apply_chat_template({turns!r}, add_generation_prompt=True, "
                 'return_tensors="pt", return_dict=True)',
                 "out = model.generate(**ids, max_new_tokens=256)",
                 'print(tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))', "```"]
@@ -45,6 +47,7 @@ def _usage(src: source.Source, req, out_name: str, files: dict, command: str) ->
 def _prompt_section(src: source.Source, example: str, template_carries: bool) -> list[str]:
     where = ("The exported chat template appends it to the user's message (unless the message already holds it), so "
              "ask the bare question." if template_carries else
+             "The run appended no instruction: ask the question as the rows did." if not src.instruction else
              "The chat template was left as the checkpoint's (--keep-template, or a format without one): append it "
              "to every question yourself, after a newline.")
     system = [f"and with this system prompt first: `{src.system}`.", ""] if src.system else []

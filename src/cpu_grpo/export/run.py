@@ -159,7 +159,8 @@ def _write_and_check(src: source.Source, req: Request, tmp: Path, log) -> Result
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     log(f"wrote {', '.join(files)} in {seconds:.1f} s")
     result = Result(tmp, files, seconds, command=command,
-                    example=prompt.chat_prompt(tok, EXAMPLE, tok.chat_template, src.instruction, src.system))
+                    example=prompt.chat_prompt(tok, src.example or EXAMPLE, tok.chat_template, src.instruction,
+                                               src.system))
     if req.verify:
         from . import readback
 

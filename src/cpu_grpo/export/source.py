@@ -40,10 +40,24 @@ class Source:
         """The run's config fields, but where it wrote (an export builds configs from them, writing nowhere)."""
         return {k: v for k, v in self.cfg.items() if k != "output_dir"}
 
-    @property
+    @functools.cached_property
     def system(self) -> str:
-        """The system prompt the run put first (config field system_prompt, where the config has it), or ""."""
-        return str(self.cfg.get("system_prompt") or "")
+        """The system prompt the run put first: config field system_prompt, else the one every held-out row of its
+        own carries (chat rows with a system turn), else ""."""
+        if self.cfg.get("system_prompt"):
+            return str(self.cfg["system_prompt"])
+        firsts = {ex.messages[0].get("content") if ex.messages and ex.messages[0].get("role") == "system" else None
+                  for ex in held_out(self, 20)}
+        return firsts.pop() or "" if len(firsts) == 1 else ""
+
+    @functools.cached_property
+    def example(self) -> str | None:
+        """A held-out question of the run's own task (its last user turn), None for a math run (asked EXAMPLE)."""
+        rows = held_out(self, 1)
+        if not rows or rows[0].math:
+            return None
+        users = [m["content"] for m in rows[0].messages if m.get("role") == "user"]
+        return users[-1] if users else rows[0].question
 
     @property
     def step(self) -> int:
