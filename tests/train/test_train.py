@@ -216,7 +216,7 @@ def test_truncated_completions_earn_no_credit_unless_asked():
     def infinite(completions, **kw):
         return [math.inf, 0.0]
 
-    with pytest.raises(RewardError, match="reward function infinite returned an infinite value"):
+    with pytest.raises(RewardError, match="reward function infinite returned inf: return finite floats"):
         score(cfg, [infinite], rollout)
 
 
