@@ -453,3 +453,51 @@ def test_llama_cpp_reads_the_gguf_as_the_checkpoint(runs, tmp_path, run):
     assert torch.equal(theirs.argmax(-1), mine.argmax(-1))
     bare = llm.create_chat_completion([{"role": "user", "content": "What is 12 + 30?"}], max_tokens=1)
     assert bare["usage"]["prompt_tokens"] == len(ids)  # the template added the instruction
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope", "phi3"])
+def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(kind, tiny_model, tmp_path):
+    """Every Llama 3.x (llama3 rope) stopped with "cannot be checked here (...; llama.cpp reads the file): export
+    again with --no-verify", and so did Phi-3, whose file llama.cpp then refused ("error loading model vocabulary").
+    Now llama.cpp itself reads the file where it is installed: the llama3 file passes on its logits; a file llama.cpp
+    cannot load fails the verification, with its reason; without llama.cpp, no reader is claimed."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
+    from transformers import AutoTokenizer
+
+    from cpu_grpo.export import readback
+    from tests.conftest import REWARD
+    from tests.export.test_gguf_arch import _model
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rope = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=64)
+    model = _model("llama", tok, rope_parameters=rope) if kind == "llama3-rope" else _model("phi3", tok)
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "r.py").write_text(REWARD)
+    run = _train(str(tmp_path / "model"), tmp_path / "run", tmp_path / "r.py")
+    said = []
+    result = export(_quiet(spec=str(run), format="gguf", quant="q8_0", out=str(tmp_path / "out"), verify_n=4),
+                    log=said.append)
+    check = result.checks["llama.cpp"]
+    assert result.passed and check["tokens_identical"] and check["max_logit_diff_share"] < 0.1, check
+    assert "Read by llama.cpp itself (llama-cpp-python)" in (tmp_path / "out" / "export.md").read_text()
+    if kind == "llama3-rope":
+        assert any("transformers cannot read this GGUF back" in line for line in said)
+    else:  # a file llama.cpp cannot load fails the check, with llama.cpp's reason
+        from cpu_grpo.export import verify
+
+        (tmp_path / "cut.gguf").write_bytes((tmp_path / "out" / next((tmp_path / "out").glob("*.gguf")).name)
+                                            .read_bytes()[:4096])
+        cut = verify.llama_cpp_check(model, tok, tmp_path / "cut.gguf", ["What is 1 + 1?"], ("", ""), "q8_0")
+        assert not cut["passed"] and cut["error"].startswith("llama.cpp cannot load the file ("), cut
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(readback, "_has_llama_cpp", lambda: False)
+    try:
+        if kind == "llama3-rope":
+            with pytest.raises(UserError, match=r"cannot be checked here \(.*rope_parameters.*\), and llama.cpp is "
+                                                r"not installed to read it"):
+                export(_quiet(spec=str(run), format="gguf", quant="q8_0", out=str(tmp_path / "again")),
+                       log=lambda *a: None)
+    finally:
+        monkeypatch.undo()

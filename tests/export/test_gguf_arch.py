@@ -298,14 +298,36 @@ def test_export_of_a_qwen3_run_is_checked_by_transformers(runs, tmp_path):
     assert greedy["identical"] == greedy["prompts"] == 20 and greedy["max_logit_diff"] < 1e-4, greedy
 
 
-def test_an_export_transformers_cannot_read_says_so_and_exports_unverified(runs, tmp_path):
-    """smollm3: transformers' GGUF loader does not know it; one sentence, nothing left, then --no-verify."""
+def test_an_export_transformers_cannot_read_says_so_and_exports_unverified(runs, tmp_path, monkeypatch):
+    """smollm3: transformers' GGUF loader does not know it. Without llama.cpp: one sentence that claims no reader,
+    nothing left, then --no-verify; with llama.cpp installed, llama.cpp itself reads it as the check."""
+    from cpu_grpo.export import readback
     from cpu_grpo.export.run import Request, export
 
     out = tmp_path / "s"
-    with pytest.raises(gguf_mod.GGUFError, match="written but cannot be checked here.*does not read the architecture "
-                                                 "smollm3; llama.cpp reads the file.*--no-verify"):
-        export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(out)), log=lambda *a: None)
+    with monkeypatch.context() as m:
+        m.setattr(readback, "_has_llama_cpp", lambda: False)
+        with pytest.raises(gguf_mod.GGUFError, match="written but cannot be checked here .transformers' GGUF loader "
+                                                     "does not read the architecture smollm3., and llama.cpp is not "
+                                                     "installed to read it.*--no-verify"):
+            export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(out)), log=lambda *a: None)
     assert not out.exists() and not list(tmp_path.glob(".s.partial-*"))
     export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(out), verify=False), log=lambda *a: None)
     assert "Not verified" in (out / "export.md").read_text() and list(out.glob("*.gguf"))
+    if readback._has_llama_cpp():
+        result = export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(tmp_path / "c")),
+                        log=lambda *a: None)
+        assert set(result.checks) == {"llama.cpp"} and result.passed, str(result.checks)
+
+
+def test_a_field_that_defaults_to_the_same_value_is_no_misreading(tmp_path, tok, tiny_model):
+    """Qwen2 with head_dim named in config.json (as hidden_size / heads): transformers' loader leaves it out and
+    runs the same head size; the export was refused as unreadable ("reads its head_dim as None, not 8")."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**COMMON, head_dim=8, vocab_size=len(tok), eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    path = _write(Qwen2ForCausalLM(config).eval(), tok, tiny_model, tmp_path, "q8_0")
+    assert gguf_arch.misread(config, tmp_path, path.name) is None
+    config.head_dim = 16  # a head size the file's shapes would not give: still said
+    assert "head_dim" in gguf_arch.misread(config, tmp_path, path.name)

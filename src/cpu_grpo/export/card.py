@@ -76,6 +76,12 @@ def _checks(checks: dict) -> list[str]:
                   f"completions up to {c['max_new_tokens']} tokens): checkpoint **{c['checkpoint']:.1%}**, export "
                   f"**{c['export']:.1%}**; {c['sentence']} Right only in the checkpoint: {cmp['b']}, only in the "
                   f"export: {cmp['c']}; identical completions: {c['same_answer']} of {c['n']}."]
+    if c := checks.get("llama.cpp"):
+        lines.append(f"- Read by llama.cpp itself: {c['error']}." if "error" in c else
+                     f"- Read by llama.cpp itself (llama-cpp-python), {c['prompts']} held-out prompts: tokens "
+                     f"{'identical' if c['tokens_identical'] else '**different**'}; largest logit difference "
+                     f"{c['max_logit_diff_share']:.1%} of the checkpoint's largest logit (at most "
+                     f"{c['tolerance']:.0%} for {c['quant']}); argmax agreement {c['argmax_agreement']:.0%}.")
     if c := checks.get("template"):
         lines.append(f"- Chat template as written: {'carries' if c['carries_instruction'] else 'does not carry'} the "
                      f"instruction; read back {'unchanged' if c['passed'] else '**changed**'}.")

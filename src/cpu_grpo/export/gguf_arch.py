@@ -221,6 +221,15 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _effective(config, key: str):
+    """The value a model runs with: a head_dim left out is hidden_size / num_attention_heads (a field that defaults
+    to the same value is no difference)."""
+    value = getattr(config, key, None)
+    if key == "head_dim" and value is None and getattr(config, "num_attention_heads", None):
+        return config.hidden_size // config.num_attention_heads
+    return value
+
+
 def misread(config, out: Path, name: str) -> str | None:
     """Why transformers' GGUF loader would not give back this model from the file (None: it does): an architecture it
     does not read (smollm3), or a setting it leaves at its default (rope scaling, a partial rotary, ...)."""
@@ -231,7 +240,7 @@ def misread(config, out: Path, name: str) -> str | None:
     except ValueError:
         return f"transformers' GGUF loader does not read the architecture {config.model_type}"
     for key in SHAPE:
-        mine, theirs = getattr(config, key, None), getattr(back, key, None)
+        mine, theirs = _effective(config, key), _effective(back, key)
         if hasattr(config, key) and not _same(mine, theirs):
             return f"transformers' GGUF loader reads its {key} as {theirs!r}, not {mine!r}"
     return None

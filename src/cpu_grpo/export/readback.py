@@ -47,14 +47,25 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     from ..engine.rollout import stop_ids
     from .gguf_arch import GGUFError, misread
 
-    if req.format == "gguf" and (why := misread(model.config, out, next(out.glob("*.gguf")).name)):
-        raise GGUFError(f"the GGUF was written but cannot be checked here ({why}; llama.cpp reads the file): export "
-                        "again with --no-verify.")
+    shape, checks = (src.instruction, src.system), {}
+    if req.format == "gguf":
+        gguf_file = next(out.glob("*.gguf"))
+        if _has_llama_cpp():  # llama.cpp itself, where `make test` (or the [llamacpp] extra) built it
+            log(f"reading {gguf_file.name} with llama.cpp")
+            checks["llama.cpp"] = verify.llama_cpp_check(model, tok, gguf_file, [e.question for e in
+                                                         source.held_out(src, LLAMA_CPP_PROMPTS)], shape, req.quant)
+        if why := misread(model.config, out, gguf_file.name):
+            if not checks:
+                raise GGUFError(f"the GGUF was written but cannot be checked here ({why}), and llama.cpp is not "
+                                "installed to read it (pip install llama-cpp-python): install it and export again, "
+                                "or export again with --no-verify.")
+            log(f"transformers cannot read this GGUF back ({why}): llama.cpp's reading is the check")
+            _log(checks, log)
+            return checks
     written, written_tok, written_template = load_written(req, out, src)
-    checks = {"template": {"kind": "template", "carries_instruction": bool(written_template and
-                                                                           verify.prompt.MARK in written_template),
-                           "passed": template is None or written_template == template}}
-    shape = (src.instruction, src.system)
+    checks["template"] = {"kind": "template", "carries_instruction": bool(written_template and
+                                                                          verify.prompt.MARK in written_template),
+                          "passed": template is None or written_template == template}
     exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
     if exact:
         examples = source.held_out(src, GREEDY_PROMPTS)
@@ -71,6 +82,15 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     return checks
 
 
+LLAMA_CPP_PROMPTS = 8  # held-out prompts llama.cpp reads, every position's logits compared
+
+
+def _has_llama_cpp() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def _log(checks: dict, log) -> None:
     for name, c in checks.items():
         if name == "greedy":
@@ -78,6 +98,11 @@ def _log(checks: dict, log) -> None:
                 f"{'identical' if c['prompt_tokens_identical'] else 'DIFFERENT'}, largest logit difference "
                 f"{c['max_logit_diff']:.2e} (weights rounded to {c['rounded_to']}), "
                 f"{c['max_logit_diff_unrounded']:.2e} against the unrounded checkpoint")
+        elif name == "llama.cpp":
+            log(f"llama.cpp: {c['error']}" if "error" in c else
+                f"llama.cpp: {c['prompts']} prompts, tokens {'identical' if c['tokens_identical'] else 'DIFFERENT'}, "
+                f"largest logit difference {c['max_logit_diff_share']:.1%} of the largest logit (at most "
+                f"{c['tolerance']:.0%} for {c['quant']}), argmax agreement {c['argmax_agreement']:.0%}")
         elif name == "accuracy":
             log(f"accuracy on {c['n']} held-out problems: checkpoint {c['checkpoint']:.1%}, export {c['export']:.1%}; "
                 f"{c['sentence']}")
