@@ -252,3 +252,20 @@ def test_a_held_out_row_is_never_a_training_row(tmp_path):
         held = load_task(str(tmp_path / "dd"), split="test")
     assert [ex.question for ex in held] == base[50:60]
     assert any("10 held-out row(s) repeat a training row" in str(w.message) for w in caught)
+
+
+def test_a_reward_that_scores_every_problem_0_is_said_with_the_columns_types(tiny_model, tmp_path, capsys):
+    """A Parquet file written by pandas turned a column of digit strings into integers, and a reward comparing text
+    scored 0 on every row without a word: the evaluation now says so, with each column's type."""
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame({"prompt": [f"Say {i}." for i in range(12)], "answer": [str(i) for i in range(12)]}).astype(
+        {"answer": int}).to_parquet(tmp_path / "rows.parquet")
+    (tmp_path / "r.py").write_text("def same(completions, answer, **kw):\n"
+                                   "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n"
+                                   "def anything(completions, **kw):\n    return [1.0] * len(completions)\n")
+    base = ["eval", "--model", tiny_model, "--task", str(tmp_path / "rows.parquet"), "--max-new-tokens", "2"]
+    assert main([*base, "--correct-reward", f"{tmp_path / 'r.py'}:same"]) == 0
+    assert "note: reward same scored every one of the 12 problems it judged 0: if that is not what you expect, " \
+        "check the columns it reads and their types (answer: int)" in capsys.readouterr().out
+    assert main([*base, "--correct-reward", f"{tmp_path / 'r.py'}:anything"]) == 0
+    assert "scored every one" not in capsys.readouterr().out

@@ -49,6 +49,18 @@ class Judge:
     def by_reward(self, ex: tasks.Example) -> bool:
         return self.everywhere or not ex.math
 
+    def all_wrong(self, examples: list, records: dict) -> str:
+        """A note when the reward judged 10 or more problems and scored every one 0: a task too hard, or a column
+        it reads in a type it does not expect (a Parquet file written by pandas turns text of digits into numbers);
+        '' otherwise."""
+        mine = [ex for ex in examples if self.by_reward(ex)]
+        if len(mine) < 10 or any(records[ex.id]["correct"] for ex in mine):
+            return ""
+        kinds = ", ".join(f"{k}: {type(v).__name__}" for k, v in mine[0].columns.items())
+        return (f"  note: reward {getattr(self.fn, '__name__', 'reward')} scored every one of the {len(mine)} "
+                f"problems it judged 0: if that is not what you expect, check the columns it reads and their types "
+                f"({kinds or 'none'})")
+
     def scores(self, examples: list, texts: list[str], outs: list[list[int]], log=print) -> list[bool | None]:
         """Whether each completion is right by the reward (None for those judged by their answer)."""
         mine = [i for i, ex in enumerate(examples) if self.by_reward(ex)]
@@ -105,6 +117,8 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
                 + (f"; the same command continues from {out_path}" if out_path is not None else ""))
             break
     by_id = {**kept, **{r["id"]: r for r in records}}
+    if note := judge.all_wrong([ex for ex in examples if ex.id in by_id], by_id):
+        log(note)
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
 
 
