@@ -134,7 +134,11 @@ def test_the_three_examples_of_the_docs_train_and_evaluate(example, tmp_path, ti
     assert "calc_steps" not in after[0]  # the math metrics only for math
     groups = read_jsonl(run / "groups.jsonl")
     assert len(groups) == 4 and all(len(g["completions"]) == 2 for g in groups)
-    assert (run / "report.md").exists()
+    report = (run / "report.md").read_text()
+    judge = {"chat": "capital_reward", "disk": "choice_reward", "code": "code_reward"}[example]
+    assert f"accuracy (reward {judge})" in report and "auto extractor" not in report  # what judged it, said
+    assert "(answer )" not in report and "the math metrics do not apply" in report
+    assert {r["judge"] for r in after} == {judge}
 
 
 @pytest.mark.slow

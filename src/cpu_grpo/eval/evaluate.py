@@ -104,7 +104,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
         outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1, sampling)
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
         judged = judge.scores(part, texts, outs, log)
-        new = [_record(ex, text, ids, right, sampling, use_mv)
+        new = [_record(ex, text, ids, right, sampling, use_mv, getattr(judge.fn, "__name__", "reward"))
                for ex, ids, text, right in zip(part, outs, texts, judged, strict=True)]
         if out_path is not None:
             with open(out_path, "a") as f:
@@ -122,11 +122,12 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
 
 
-def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool) -> dict:
+def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,
+            judge: str = "") -> dict:
     kind = {"template": ex.template} if ex.template else {}
     kind |= {"split": ex.split} if ex.split else {}  # "train": a row a run on its task trains on
     scored = metrics.score_completion(text, ex.answer, ex.solution, use_mv) if right is None else \
-        {"pred": verifiers.final_answer(text)[:200], "correct": right}
+        {"pred": verifiers.final_answer(text)[:200], "correct": right, "judge": judge}
     return {"id": ex.id, "difficulty": ex.difficulty, **kind, "question": ex.question, "answer": ex.answer,
             "completion": text, "finished": bool(ids) and ids[-1] in sampling.stops, **scored}
 

@@ -35,7 +35,8 @@ def _samples(run: Path, k: int = 3) -> str:
         return f"(problems changed: {len(changed)}; their records keep no completions to show)"
     out = []
     for b, r in shown:
-        out.append(f"**{r['question']}** (answer {r['answer']})\n\n"
+        answer = f" (answer {r['answer']})" if str(r.get("answer") or "").strip() else ""
+        out.append(f"**{r['question']}**{answer}\n\n"
                    f"- before ({'right' if b['correct'] else 'wrong'}): {b['completion'].strip()[:600]!r}\n"
                    f"- after ({'right' if r['correct'] else 'wrong'}): {r['completion'].strip()[:600]!r}\n")
     return "\n".join(out) or "(no problem changed between before and after)"
@@ -45,6 +46,10 @@ def _metrics_section(summary: dict) -> list[str]:
 
     if not summary.get("metrics"):
         return []
+    if all("judge" in entries.get("correct", {}) for entries in summary["metrics"].values()):  # by a reward
+        return ["## Accuracy, per level", "", "Right is what the run's judging reward says (its correct_reward, else "
+                "its first reward, scoring 1): no answer is extracted, and the math metrics do not apply.", "",
+                metric_table(summary["metrics"]), *[f"- {x}" for x in metric_sentences(summary["metrics"])], ""]
     return ["## Every metric, per level", "",
             "Accuracy under each answer extractor (lm-eval: scored as lm-evaluation-harness scores gsm8k), "
             "and the written work: a *step* is a computation `a op b = c` on one line (or a `<<a*b=c>>` "

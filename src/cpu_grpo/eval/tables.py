@@ -102,6 +102,9 @@ def metric_summary(before: list[dict], after: list[dict] | None = None, keys=(*R
         level_after = after_levels.get(level, []) if after is not None else None
         entries = {key: _entry(key, recs, level_after) for key in keys}
         out[level] = {k: e for k, e in entries.items() if e is not None}
+        judges = {r.get("judge") for r in recs}
+        if "correct" in out[level] and len(judges) == 1 and None not in judges:  # judged by a reward, not an answer
+            out[level]["correct"]["judge"] = judges.pop()
     return out
 
 
@@ -137,6 +140,11 @@ def _own_n(text: str, n: int, row_n: int) -> str:
     return text if n == row_n else f"{text} n={n}"
 
 
+def _label(key: str, e: dict) -> str:
+    """A metric's name; "correct" of rows judged by a reward (their records name it) says which reward."""
+    return f"accuracy (reward {e['judge']})" if key == "correct" and "judge" in e else RATES.get(key) or MEANS[key]
+
+
 def metric_table(summary: dict) -> str:
     """Markdown: one table per level, a row per metric; before/after columns when the summary has them. A row's n
     is its problems before; an after or change cell over other problems (consistency: only answers with a step, and
@@ -152,7 +160,7 @@ def metric_table(summary: dict) -> str:
         rows = []
         for key, e in entries.items():
             rate = key in RATES
-            label = RATES.get(key) or MEANS[key]
+            label = _label(key, e)
             if not paired:
                 rows.append(f"| {label} | {e['before']['n']} | {_fmt(e['before'], rate)} |")
                 continue
@@ -180,7 +188,10 @@ def level_tables(summary: dict) -> str:
         keys = [k for k in columns if any(k in entries for entries in summary.values())]
         if not keys:
             continue
-        head = f"| level | n | {' | '.join(columns[k] for k in keys)} |\n|---|---|" + "---|" * len(keys) + "\n"
+        judges = {entries["correct"].get("judge") for entries in summary.values() if "correct" in entries}
+        names = [f"reward {judges.pop()}" if k == "correct" and len(judges) == 1 and None not in judges else columns[k]
+                 for k in keys]
+        head = f"| level | n | {' | '.join(names)} |\n|---|---|" + "---|" * len(keys) + "\n"
         rows = []
         for level, entries in summary.items():
             n = max(e["before"]["n"] for e in entries.values())
@@ -200,7 +211,7 @@ def metric_sentences(summary: dict) -> list[str]:
                 continue
             d = e["delta"]
             if key in RATES:
-                out.append(stats.significance_sentence(d, f"{level}, {RATES[key]}"))
+                out.append(stats.significance_sentence(d, f"{level}, {_label(key, e)}"))
                 continue
             verdict = ("significant" if d["significant"] else "not significant (the interval includes zero)")
             out.append(f"{level}, {MEANS[key]}: {d['diff']:+.2f} (95% CI {d['ci95'][0]:+.2f} to "
