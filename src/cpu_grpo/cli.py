@@ -76,7 +76,7 @@ def cmd_eval(args) -> int:
     trained = _trained_with(args.model)  # a checkpoint is asked the way it was trained, unless told otherwise
     ask = {k: getattr(args, k) if getattr(args, k) is not None else trained[k]
            for k in ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward")}
-    set_threads()
+    set_threads(log=print)
     examples = _eval_examples(args, RowFormat.parse(ask["prompt_column"], ask["column_map"]))
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
     check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import random
 import shutil
 import signal
@@ -115,14 +114,11 @@ class _NoTracker:
 
 
 def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: float, log, profile: str) -> Path:
-    threads = set_threads(cfg.threads or None, ranks_here=world.local_size)
+    threads = set_threads(cfg.threads or None, ranks_here=world.local_size, log=log)
     malloc = allocator.setup(cfg.allocator)
     stages = plan(cfg)
     ranks = f", {world.size} ranks" if world.size > 1 else ""
     log(f"run: {run_dir}  (threads {threads}{ranks}, allocator {malloc})\nconfig:\n{describe(cfg)}")
-    busy = os.getloadavg()[0]
-    if busy > 0.5 and world.size == 1:  # OpenMP threads that share their cores with another job run slower
-        log(f"note: the CPU is already busy (load average {busy:.1f} on {os.cpu_count()} cores): steps will be slower")
     eval_set = curriculum.held_out(cfg)
     # refused now, not after the base evaluation, and before the config is saved over a resumed run's own
     if eval_set and (run_dir / "eval_before.jsonl").exists():

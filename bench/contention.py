@@ -1,0 +1,68 @@
+"""A run beside other work: step time alone, then beside one and two competing jobs, with the threads chosen as
+before (one per core, `--threads 2` here) and as now (a thread per core other work leaves free), against the fair
+share (k other busy jobs on the cores: k + 1 times the time alone).
+
+    .venv/bin/python bench/contention.py            # `--profile quick`, 3 steps, 48 tokens; each case a new process
+
+A competing job is another 2-thread PyTorch process multiplying matrices without end (as another training would);
+started 3 s before the run, killed after it. Each case reports the median step time of steps 2-3 (step 1 warms up).
+Run it alone on the machine: the point is what the run does beside the jobs this script starts, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+JOB = ("import torch\ntorch.set_num_threads(2)\na = torch.randn(768, 768)\n"
+       "while True:\n    a = torch.tanh(a @ a)\n")
+
+
+def step_seconds(threads: int | None, jobs: int) -> float:
+    """The median seconds of steps 2.. of a short quick-profile run beside `jobs` competing processes."""
+    others = [subprocess.Popen([sys.executable, "-c", JOB]) for _ in range(jobs)]
+    try:
+        time.sleep(3 if jobs else 0)
+        out = Path(tempfile.mkdtemp(prefix="bench_contention_")) / "run"
+        cmd = [sys.executable, "-m", "cpu_grpo", "train", "--profile", "quick", "--steps", "3", "--eval-size", "0",
+               "--max-new-tokens", "48", "--seed", "0", "--output-dir", str(out)]
+        cmd += ["--threads", str(threads)] if threads else []
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if done.returncode:
+            raise SystemExit(done.stderr[-2000:])
+        for line in done.stdout.splitlines():
+            if "other work keeps" in line or line.startswith("run:"):
+                print(f"    {line.strip()[-110:]}", flush=True)
+        steps = [json.loads(line)["step_seconds"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return statistics.median(steps[1:])
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+
+def main() -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.2f} at start", flush=True)
+    alone = step_seconds(None, 0)
+    print(f"alone: {alone:.1f} s a step", flush=True)
+    rows = ["| competing jobs | fair share | threads | seconds a step | x alone | x fair share |",
+            "|---:|---:|---|---:|---:|---:|", f"| 0 | 1.0x | a thread per free core | {alone:.1f} | 1.00 | 1.00 |"]
+    for jobs in (1, 2):
+        for threads, name in ((2, "2 (one per core: before)"), (None, "a thread per free core (now)")):
+            seconds = step_seconds(threads, jobs)
+            print(f"{jobs} job(s), threads {name}: {seconds:.1f} s a step", flush=True)
+            rows.append(f"| {jobs} | {jobs + 1:.1f}x | {name} | {seconds:.1f} | {seconds / alone:.2f} | "
+                        f"{seconds / alone / (jobs + 1):.2f} |")
+    print("\n" + "\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
