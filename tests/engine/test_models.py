@@ -197,3 +197,33 @@ def test_low_memory_bf16_load_equals_from_pretrained(tiny_model):
     assert all(mine[k].dtype == torch.bfloat16 and torch.equal(mine[k], theirs[k]) for k in theirs)
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(model(ids).logits, ref.eval()(ids).logits)
+
+
+def test_a_run_beside_busy_work_takes_only_the_free_cores_and_says_so():
+    """Three 2-thread jobs on 2 cores ran a demo step 15x slower, not 3x: OpenMP threads that share a core with
+    another busy process wait on each other. With every core kept busy by other work, one thread, said."""
+    import subprocess
+    import sys
+
+    import psutil
+    import torch
+
+    from cpu_grpo.engine.models import set_threads
+
+    cores = psutil.cpu_count(logical=False) or 1
+    if cores < 2:
+        pytest.skip("one core: nothing to leave")
+    before = torch.get_num_threads()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(psutil.cpu_count())]
+    try:
+        import time
+
+        time.sleep(0.5)
+        said = []
+        assert set_threads(log=said.append) == 1 and said and said[0].startswith("note: other work keeps ")
+        assert set_threads(2, log=said.append) == 2 and len(said) == 1  # asked for: as asked, nothing to say
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        torch.set_num_threads(before)

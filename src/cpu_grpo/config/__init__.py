@@ -139,7 +139,7 @@ class TrainConfig:
                                   "sampled a step that taught something is kept too)")
     on_collapse: str = _f("warn", "when every group's rewards have been all equal for 5 steps in a row (nothing is "
                                   "learned): warn, or stop the run")
-    threads: int = _f(0, "torch threads (0: one per physical core)")
+    threads: int = _f(0, "torch threads (0: one per physical core that other work leaves free, measured at start)")
     allocator: str = _f("auto", "memory allocator of `cpu-grpo train`: auto (jemalloc where the system has it: half "
                                 "the memory of glibc's at the same speed; glibc otherwise), jemalloc, or glibc")
     ddp_timeout: int = _f(1800, "seconds a rank waits for the others (torchrun runs) before the run stops with a "

@@ -377,7 +377,7 @@ def bf16_supported() -> bool:
         return False
 
 
-def busy_cores(seconds: float = 0.3) -> float:
+def busy_cores(seconds: float = 0.2) -> float:
     """How many cores other processes keep busy now: the machine's CPU time over `seconds`, less this process's."""
     import time
 
