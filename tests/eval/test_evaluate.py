@@ -171,3 +171,23 @@ def test_sigterm_to_a_real_eval_keeps_its_batches_and_the_same_command_finishes(
     assert again.returncode == 0, again.stderr[-2000:]
     ids = [r["id"] for r in read_jsonl(out)]
     assert len(ids) == 450 == len(set(ids)) and ids[:len(kept)] == [r["id"] for r in kept]
+
+
+def test_an_evaluation_batch_says_how_far_it_is(tiny_model, monkeypatch):
+    """A batch of 200 problems on a busy machine ran 10 minutes without a word: lines with the token reached, the
+    rate and the most time left now come at most every PROGRESS_EVERY seconds (0 here: every token)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cpu_grpo.data.tasks import generate
+    from cpu_grpo.engine.rollout import Sampler
+
+    monkeypatch.setattr(evaluate, "PROGRESS_EVERY", 0.0)
+    tok, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
+    sampler = Sampler(model, dtype=torch.float32)
+    lines = []
+    evaluate.run_eval(sampler, tok, generate("basic", 3, seed=0), "", Sampling(6, (-1,), tok.pad_token_id, 0.0),
+                      log=lines.append)
+    ticks = [x for x in lines if x.startswith("  eval batch 1/1 (3 problems): token ")]
+    assert len(ticks) == 6 and ticks[-1].startswith("  eval batch 1/1 (3 problems): token 6 of at most 6, ")
+    assert "tokens/s a row, at most 0 s left" in ticks[-1]

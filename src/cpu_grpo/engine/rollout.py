@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -49,6 +50,7 @@ class Sampling:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (token, of at most) a step
 
 
 def _plain_name(name: str) -> str:
@@ -338,6 +340,8 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
             if not d:
                 out[r].append(t)
         done = done | torch.isin(tok, eos)
+        if s.progress is not None:
+            s.progress(step + 1, max_new_tokens)
         if step == max_new_tokens - 1 or bool(done.all()):
             break
         if int(done.sum()) >= max(1, len(done) // 8):  # drop finished rows from the batch and the cache
