@@ -1,14 +1,15 @@
 """Run code a model wrote, never in the trainer's process, and never with the trainer's rights.
 
 Each program runs in a new Python interpreter (isolated mode, no site packages) inside bubblewrap, the sandbox of
-Flatpak (Debian's `bubblewrap`): new mount, pid, network, IPC and UTS namespaces, and a user namespace when the
-trainer is not root (as root, bubblewrap sets up the box as root and then runs the program as `nobody`, as
-distributions with a setuid bwrap do); as `nobody` inside and out where the trainer is root; no capabilities; a
-read-only view of the system's programs and libraries and of the interpreter, nothing else (no /home, /root, /etc
-but the linker's cache, /run, /var, the project: no keys, tokens, caches, checkpoints or sockets of the host); its
-own /proc; a writable /tmp that is a tmpfs of `disk_mb`; a seccomp filter that refuses setns, unshare,
-namespace-making clones, mount, ptrace and calls like them (`seccomp_filter`). Inside, the limits of time, CPU,
-memory, file size, open files and processes; the whole process tree dies at the wall-clock limit.
+Flatpak (Debian's `bubblewrap`): new user, mount, pid, network, IPC and UTS namespaces; as `nobody`, inside and
+out (a trainer that is root starts bubblewrap as nobody: a user namespace made by root would map nobody inside to
+root outside, whose processes no process limit counts), with the system's Python where the trainer's is out of
+nobody's reach (pyenv under /root; the harness needs only the standard library); no capabilities and no further
+user namespaces; a read-only view of the system's programs and libraries and of the interpreter, nothing else (no
+/home, /root, /etc but the linker's cache, /run, /var, the project: no keys, tokens, caches, checkpoints or sockets
+of the host); its own /proc; a writable /tmp that is a tmpfs of `disk_mb`; a seccomp filter that refuses setns,
+unshare, namespace-making clones, mount, ptrace and calls like them (`seccomp_filter`). Inside, the limits of time,
+CPU, memory, file size, open files and processes; the whole process tree dies at the wall-clock limit.
 
 Where bubblewrap cannot run (not installed; a user without user namespaces), code rewards are refused, unless the
 user accepts running model code with the limits alone (`allow_unisolated_code`): `require` says which at start.
@@ -50,7 +51,7 @@ class Limits:
     file_mb: int = 8  # any file it writes, its output included
     disk_mb: int = 64  # all it writes (its /tmp)
     open_files: int = 64
-    processes: int = 64  # processes and threads of its user at once
+    processes: int = 16  # processes and threads of its user at once (a fork bomb of 64 stalled the machine 20 s)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class Isolation:
         return f"code sandbox: {self.detail}"
 
 
-def _system_binds() -> list[str]:
+def _system_binds(python: str) -> list[str]:
     """bubblewrap's arguments for a read-only view of the system's programs and libraries, and the interpreter."""
     args = ["--ro-bind", "/usr", "/usr"]
     for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -132,16 +133,16 @@ def _system_binds() -> list[str]:
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
     args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    prefix = os.path.realpath(sys.base_prefix)
-    if not prefix.startswith("/usr/"):
+    prefix = str(Path(python).parent.parent)
+    if not prefix.startswith("/usr"):
         args += ["--ro-bind", prefix, prefix]
     return args
 
 
 def _command(iso: Isolation, task: Path, limits: Limits, mode: str, values_fd: int, seccomp_fd: int) -> list[str]:
-    """The command line that runs harness.py over the folder `task` under `iso`. As root, bubblewrap runs
-    privileged (as distributions with a setuid bwrap run it): it binds the system as root, then runs the program
-    as nobody with no capabilities; as a user it makes a user namespace (the user mapped to nobody inside)."""
+    """The command line that runs harness.py over the folder `task` under `iso`: bubblewrap with a user namespace
+    of its own, started as nobody when the trainer is root (so that nobody it is outside too, and the process limit
+    holds: root's processes are never counted)."""
     caps = {"RLIMIT_AS": limits.memory_mb << 20, "RLIMIT_CPU": limits.cpu_seconds, "RLIMIT_CORE": 0,
             "RLIMIT_FSIZE": limits.file_mb << 20, "RLIMIT_NOFILE": limits.open_files,
             "RLIMIT_NPROC": limits.processes}
@@ -150,15 +151,20 @@ def _command(iso: Isolation, task: Path, limits: Limits, mode: str, values_fd: i
               str(values_fd)]
     if iso.name != "bubblewrap":
         return python
-    users = ["--cap-drop", "ALL"] if os.geteuid() == 0 else ["--unshare-user", "--disable-userns"]
-    return ["bwrap", "--unshare-all", *users, "--die-with-parent", "--new-session", "--uid", str(NOBODY),
-            "--gid", str(NOBODY), *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+    return ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--uid", str(NOBODY), "--gid", str(NOBODY), *_system_binds(python[0]), "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.disk_mb << 20), "--tmpfs", "/tmp", "--ro-bind", str(task), "/task",
             "--chdir", "/tmp", "--seccomp", str(seccomp_fd), *python]
 
 
 def _interpreter() -> str:
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    """The trainer's own Python, or, as root where nobody cannot reach it (pyenv under /root), the system's: the
+    harness needs only the standard library."""
+    mine = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    if os.geteuid() != 0 or _others_can_run(mine):
+        return mine
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    return os.path.realpath(system) if system and _others_can_run(os.path.realpath(system)) else mine
 
 
 def _others_can_run(path: str) -> bool:
@@ -178,9 +184,8 @@ def isolation() -> Isolation:
     if seccomp_filter() is None:
         return Isolation("none", f"no seccomp filter is known here for {platform.machine()}")
     version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
-    spaces = "mount, pid, network" if os.geteuid() == 0 else "user, mount, pid, network"
-    iso = Isolation("bubblewrap", f"{version or 'bubblewrap'} ({spaces} namespaces; as nobody, no capabilities; "
-                                  "a read-only view of the system; seccomp)")
+    iso = Isolation("bubblewrap", f"{version or 'bubblewrap'} (user, mount, pid, network namespaces; as nobody, no "
+                                  "capabilities; a read-only view of the system; seccomp)")
     probe = _run(iso, "print('ok')", Limits(seconds=20, cpu_seconds=10), "run")[0]
     if probe.status != "passed" or "ok" not in probe.output:
         why = probe.output.strip().splitlines()[-1:] or [probe.status]
@@ -223,7 +228,7 @@ def _run(iso: Isolation, program: str, limits: Limits, mode: str, spec: dict | N
         os.chmod(task, 0o755)
         os.chmod(work, 0o777)
         # without bubblewrap, root still drops to nobody where nobody can run the interpreter
-        drop = iso.name == "none" and os.geteuid() == 0 and _others_can_run(_interpreter())
+        drop = os.geteuid() == 0 and _others_can_run(_interpreter())  # as root: nobody runs it (and bubblewrap)
         as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if drop else {}
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if iso.name == "bubblewrap" else str(work),
                "TMPDIR": "/tmp" if iso.name == "bubblewrap" else str(work), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
