@@ -22,8 +22,8 @@ import torch
 
 from cpu_grpo.engine import llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.models import set_threads
 from cpu_grpo.engine.rollout import Sampler, Sampling
+from cpu_grpo.engine.threads import set_threads
 
 
 def configs(layers: int) -> dict:

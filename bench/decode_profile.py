@@ -23,8 +23,8 @@ import cpu_grpo.engine.llama as llama
 import cpu_grpo.engine.rollout as rollout
 from cpu_grpo import config
 from cpu_grpo.data import tasks
-from cpu_grpo.engine.models import set_threads
 from cpu_grpo.engine.prompts import encode_prompts
+from cpu_grpo.engine.threads import set_threads
 from cpu_grpo.machine.allocator import keep_freed_memory
 from cpu_grpo.train import runstate
 

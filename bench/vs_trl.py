@@ -118,7 +118,7 @@ def run_trl(args) -> dict:
 
     from cpu_grpo.config import TrainConfig
     from cpu_grpo.data import rewards
-    from cpu_grpo.engine.models import set_threads
+    from cpu_grpo.engine.threads import set_threads
 
     threads = set_threads(args.threads or None)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}

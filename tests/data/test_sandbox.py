@@ -224,8 +224,9 @@ def test_memory_disk_and_output_are_capped():
     result = sandbox.run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", FAST)
     assert not result.passed and len(result.output) <= 2000
     if sandbox.isolation().name != "none":  # processes: nobody's, counted (root's never are: the trainer is root)
-        forks = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30)\n"
-                 "            os._exit(0)\n        n += 1\nexcept OSError:\n    print('forks', n, flush=True)")
+        forks = ("import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+                 "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+                 "except OSError:\n    print('forks', n, flush=True)")
         said = sandbox.run_python(forks, FAST).output.split()
         assert said[0] == "forks" and int(said[1]) < sandbox.Limits().processes, said
         fill = ("import os, tempfile\nd = tempfile.gettempdir()\nfor i in range(400):\n"

@@ -208,7 +208,7 @@ def test_a_run_beside_busy_work_takes_only_the_free_cores_and_says_so():
     import psutil
     import torch
 
-    from cpu_grpo.engine.models import set_threads
+    from cpu_grpo.engine.threads import set_threads
 
     cores = psutil.cpu_count(logical=False) or 1
     if cores < 2:

@@ -86,7 +86,8 @@ def facts(seconds: float = 2.0) -> dict:
     import torch
 
     from ..engine.arch import ARCHS
-    from ..engine.models import ALIASES, bf16_supported, cache_dir, set_threads
+    from ..engine.models import ALIASES, bf16_supported, cache_dir
+    from ..engine.threads import set_threads
 
     name, flags = cpu()
     threads = set_threads()

@@ -23,7 +23,7 @@ from .. import rundir
 from ..config import TrainConfig, describe, save
 from ..config.stages import plan
 from ..data import rewards, tasks
-from ..engine.models import set_threads
+from ..engine.threads import set_threads
 from ..eval import report
 from ..machine import allocator, planner
 from ..rundir import RunLock, read_json, stage_eval_path, write_status
