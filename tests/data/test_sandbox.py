@@ -208,7 +208,8 @@ def _left_behind(marker: str, wait: float = 60.0) -> list[str]:
     ("import os\nos.setsid()\nimport time\ntime.sleep(60)", "a new session"),
     ("import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/bin/sleep', ['sleep', '31.4159'])",
      "a forked child in its own session, left behind"),
-    ("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "a fork bomb"),
+    pytest.param("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", "a fork bomb",
+                 marks=pytest.mark.slow),
 ])
 def test_what_hangs_or_forks_dies_with_the_sandbox(program, why):
     t0 = time.monotonic()
@@ -243,6 +244,7 @@ def test_no_sandbox_means_no_code_reward_unless_the_user_accepts(monkeypatch):
     assert sandbox.require(allow_unisolated=True).startswith("code sandbox: NO isolation")
 
 
+@pytest.mark.slow
 def test_a_run_says_which_sandbox_it_got_or_is_refused(tmp_path):
     """`cpu-grpo eval` of the code example where bubblewrap cannot be found: one sentence, before any model loads."""
     env = {**os.environ, "PATH": str(tmp_path)}

@@ -199,6 +199,7 @@ def test_low_memory_bf16_load_equals_from_pretrained(tiny_model):
     assert torch.equal(model(ids).logits, ref.eval()(ids).logits)
 
 
+@pytest.mark.slow
 def test_a_run_beside_busy_work_takes_only_the_free_cores_and_says_so():
     """Three 2-thread jobs on 2 cores ran a demo step 15x slower, not 3x: OpenMP threads that share a core with
     another busy process wait on each other. With every core kept busy by other work, one thread, said."""

@@ -176,6 +176,7 @@ def test_eval_samples_command(tiny_model, tmp_path, capsys):
     assert main(["eval", "--model", tiny_model, "--samples", "2", "--temperature", "0"]) == 2
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_evaluated_on_its_runs_held_out_rows_and_trained_rows_are_never_a_gain(tiny_model, tmp_path,
                                                                                                capsys):
     """The issue's trap: a base model and a checkpoint evaluated on the whole file its run trained on, then compared,
@@ -254,6 +255,7 @@ def test_a_held_out_row_is_never_a_training_row(tmp_path):
     assert any("10 held-out row(s) repeat a training row" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow
 def test_a_reward_that_scores_every_problem_0_is_said_with_the_columns_types(tiny_model, tmp_path, capsys):
     """A Parquet file written by pandas turned a column of digit strings into integers, and a reward comparing text
     scored 0 on every row without a word: the evaluation now says so, with each column's type."""

@@ -292,6 +292,7 @@ def test_export_onto_a_full_or_read_only_disk_is_one_sentence(runs, small_disk):
         export(_quiet(spec=str(runs["full"]), format="gguf", out=str(small_disk["ro"] / "x")), log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_an_export_of_a_task_of_your_own_carries_its_rows_prompt(tiny_model, tmp_path):
     """A run on chat rows that each carry one system prompt: the Modelfile's SYSTEM was the base model's default
     and export.md's example a math word problem (asked so, the export answered 0 of 20 like the checkpoint); and
@@ -455,6 +456,7 @@ def test_llama_cpp_reads_the_gguf_as_the_checkpoint(runs, tmp_path, run):
     assert bare["usage"]["prompt_tokens"] == len(ids)  # the template added the instruction
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama3-rope", "phi3"])
 def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(kind, tiny_model, tmp_path):
     """Every Llama 3.x (llama3 rope) stopped with "cannot be checked here (...; llama.cpp reads the file): export
