@@ -230,7 +230,6 @@ def _run(iso: Isolation, program: str, limits: Limits, mode: str, spec: dict | N
         os.chmod(tmp, 0o711)
         os.chmod(task, 0o755)
         os.chmod(work, 0o777)
-        # without bubblewrap, root still drops to nobody where nobody can run the interpreter
         drop = os.geteuid() == 0 and _others_can_run(_interpreter())  # as root: nobody runs it (and bubblewrap)
         as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if drop and not _SETPRIV else {}
         prefix = [_SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"] if drop and _SETPRIV \
