@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import math
 import operator
 from dataclasses import dataclass
@@ -189,8 +190,6 @@ def decode(item: Any) -> Any:
 
 def results(tests: CodeTests, lines: list[str]) -> list[bool]:
     """Which checks passed, from the lines the harness wrote (untrusted: anything malformed fails its check)."""
-    import json
-
     got: dict[int, Any] = {}
     for line in lines:
         try:
