@@ -25,6 +25,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
         flag = {"nargs": "?", "const": "true"} if alone else {}
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}", default=None, metavar="X",
                            help=f"{f.metadata['help']} (default: {default})", **flag)
+    trl = p.add_argument_group("TRL's names for the same fields (docs/python-api.md)")
+    for name in (*config_mod.RENAMED, *config_mod.BATCH):
+        ours = config_mod.RENAMED.get(name, "prompts_per_step")
+        trl.add_argument(f"--{name.replace('_', '-')}", dest=f"cfg_{name}", default=None, metavar="X",
+                         help=f"TRL's GRPOConfig.{name}: sets {ours}")
 
 
 def _config_from(args) -> tuple[config_mod.TrainConfig, str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..profiles import PROFILES
 from .stages import SCHEDULES, STAGE_SETTINGS, parse_stage, plan, under_your_fields
+from .trl import BATCH, RENAMED, from_trl
 
 
 def _f(default, help: str, **kw):
@@ -127,6 +128,9 @@ class TrainConfig:
     use_lora: bool = _f(False, "train LoRA adapters (peft) instead of all weights")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA alpha")
+    lora_dropout: float = _f(0.0, "dropout on the LoRA adapters' input while training (peft's lora_dropout)")
+    lora_target_modules: str = _f("all-linear", "the layers that get adapters: all-linear (every linear layer but "
+                                                "the output head), or module names separated by commas (q_proj,v_proj)")
     lora_rollout: str = _f("unmerged", "how a LoRA run samples: unmerged (the adapters applied beside the frozen bf16 "
                                        "base: no copy) | merged (from a bf16 copy with the adapters merged after "
                                        "each update: faster rollouts, a copy of the adapted weights more memory)")
@@ -189,6 +193,8 @@ class TrainConfig:
             (self.lr_scheduler in SCHEDULES, "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.lora_rollout in ("unmerged", "merged"), "lora_rollout must be unmerged or merged"),
+            (0 <= self.lora_dropout < 1 and self.lora_target_modules.strip(", "),
+             "lora_dropout must be in [0, 1) and lora_target_modules name at least one module (or all-linear)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
             (self.save_every >= 0 and self.keep_checkpoints >= 1, "save_every >= 0 and keep_checkpoints >= 1"),
             (self.on_collapse in ("warn", "stop"), "on_collapse must be warn or stop"),
@@ -297,18 +303,47 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     if profile and profile not in PROFILES:
         raise ConfigError(f"unknown profile '{profile}': use one of {', '.join(PROFILES)}.")
     values: dict = dict(PROFILES.get(profile, {}) if profile else {})
-    mine = {**(load_file(file) if file else {}), **(overrides or {})}
+    mine = _ours({**(load_file(file) if file else {}), **(overrides or {})}, values)
     if "task" in mine and "stages" not in mine:  # a task of your own replaces the profile's curriculum
         values.pop("stages", None)
     values.update(mine)
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
-        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}: see `cpu-grpo train --help` for the fields.")
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}{nearest(unknown[0], _FIELDS)}: see "
+                          "`cpu-grpo train --help` for the fields.")
     coerced = {k: coerce(_FIELDS[k], v) for k, v in values.items()}
     if "stages" not in mine and coerced.get("stages"):  # the profile's stages: the fields you gave win in each
         coerced["stages"] = under_your_fields(coerced["stages"], set(mine) & set(STAGE_SETTINGS),
                                               coerced["steps"] if "steps" in mine else None)
     return TrainConfig(**coerced)
+
+
+def nearest(name: str, names) -> str:
+    """' (did you mean X?)' for the known name nearest to a misspelt one, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _ours(mine: dict, profile: dict) -> dict:
+    """The fields you gave, TRL's names among them (config/trl.py) read as this tool's."""
+    if not any(k in RENAMED or k in BATCH for k in mine):
+        return mine
+    read = {k: coerce(_FIELDS[RENAMED[k]], v) if k in RENAMED and v is not None and not isinstance(v, int | float)
+            else _number(k, v) if k in BATCH and v is not None else v for k, v in mine.items()}
+    generations = coerce(_FIELDS["num_generations"], mine.get("num_generations", profile.get(
+        "num_generations", _FIELDS["num_generations"].default)))
+    return from_trl(read, generations, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def _number(key: str, value) -> int:
+    try:
+        if isinstance(value, bool) or float(value) != int(float(value)):
+            raise ValueError
+        return int(float(value))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: cannot read {value!r} as int.") from None
 
 
 def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool = False) -> tuple[TrainConfig, str]:
@@ -318,7 +353,8 @@ def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool
     saved = Path(run) / "train_config.yaml" if resume and run else None  # the run's own, when it has one
     if saved is None or not saved.is_file():
         return build(profile, file, overrides), ""
-    mine, old = {**(load_file(file) if file else {}), **overrides}, load_file(saved)
+    old = load_file(saved)
+    mine = _ours({**(load_file(file) if file else {}), **overrides}, old)
     for key in ("model", "use_lora"):  # the checkpoint's weights fit only the model they were trained on
         if key in mine and build(None, None, {key: mine[key]}).to_dict()[key] != old.get(key):
             raise ConfigError(f"the run in {saved.parent} trained with {key} {old.get(key)!r}: resume it "

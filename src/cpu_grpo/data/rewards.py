@@ -9,6 +9,8 @@ command line into such a function.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -238,6 +240,21 @@ def _named(fn: Callable, name: str) -> RewardFn:
     return reward
 
 
+GIVEN: dict[str, RewardFn] = {}  # functions handed over in this process (the Python API): name -> function
+
+
+@contextlib.contextmanager
+def given(fns: dict[str, RewardFn]):
+    """While inside, `load_reward(name)` returns these functions (a script's or a notebook's own, which no
+    module path reaches) before any builtin or module of that name."""
+    GIVEN.update(fns)
+    try:
+        yield
+    finally:
+        for name in fns:
+            GIVEN.pop(name, None)
+
+
 def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
     """A reward function from a builtin name, "package.module:function", "file.py:function", or
     "file.py" alone when that file defines exactly one public function whose name ends in "reward".
@@ -248,6 +265,8 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
     >>> load_reward("cpu_grpo.data.rewards:correctness_reward") is correctness_reward
     True
     """
+    if spec in GIVEN:
+        return GIVEN[spec]
     if spec == "overlong":
         if max_completion_len <= 0:
             raise RewardError("reward 'overlong' needs the completion limit: give max_new_tokens")
@@ -366,7 +385,7 @@ def call_reward(fn: RewardFn, completions: list, columns: dict, ids: Sequence[st
 def _scores(fn: RewardFn, name: str, completions: list, columns: dict, ids: Sequence[str], log) -> list[float]:
     """call_reward's scores, with no time limit."""
     try:
-        return as_scores(name, fn(completions=completions, **columns), len(completions))
+        return as_scores(name, _called(fn, completions, columns), len(completions))
     except RewardError:
         raise
     except Exception:  # one row may be the cause: find it
@@ -374,7 +393,7 @@ def _scores(fn: RewardFn, name: str, completions: list, columns: dict, ids: Sequ
     values, failed = [], []
     for i, completion in enumerate(completions):
         try:
-            values += as_scores(name, fn(completions=[completion], **{k: v[i:i + 1] for k, v in columns.items()}), 1)
+            values += as_scores(name, _called(fn, [completion], {k: v[i:i + 1] for k, v in columns.items()}), 1)
         except RewardError:
             raise
         except Exception as e:
@@ -389,3 +408,9 @@ def _scores(fn: RewardFn, name: str, completions: list, columns: dict, ids: Sequ
             raise RewardError(f"{what}, and on every other completion of the step: fix the function")
         log(f"warning: {what} and {len(failed) - 1} more of {len(completions)} completions: those scored 0")
     return values
+
+
+def _called(fn: RewardFn, completions: list, columns: dict):
+    """What fn returns on these completions; an `async def` reward function is run to its end (TRL takes both)."""
+    values = fn(completions=completions, **columns)
+    return asyncio.run(values) if inspect.isawaitable(values) else values

@@ -8,6 +8,7 @@ cache, so that later loads take about a second.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -303,11 +304,28 @@ def _convert_gguf(gguf: Path, out: Path, log) -> None:
     os.replace(tmp, out)
 
 
+GIVEN: dict[str, tuple] = {}  # a model object handed over in this process (the Python API): its spec -> (model, tok)
+
+
+@contextlib.contextmanager
+def given(spec: str, model, tok):
+    """While inside, `load_model(spec)` returns this model object and tokenizer (trained in place, as TRL's
+    GRPOTrainer trains the model it is given) instead of loading `spec` from disk."""
+    GIVEN[spec] = (model, tok)
+    try:
+        yield
+    finally:
+        GIVEN.pop(spec, None)
+
+
 def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None):
     """Load (model, tokenizer) on CPU, ready for training (fp32 unless `dtype`); pad token set, left padding."""
     import torch
 
     dtype = dtype or torch.float32
+    if spec in GIVEN:
+        model, tok = GIVEN[spec]
+        return _ready(model.to(dtype), tok)
     from transformers import AutoConfig, AutoTokenizer
 
     where = resolve_model(spec, log)
@@ -340,15 +358,20 @@ def load_model(spec: str, trust_remote_code: bool = False, log=print, dtype=None
     if model is None:
         model = _from_pretrained(where, dtype, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    model.config.use_cache = False
     from .arch import generic_path_note
 
     note = generic_path_note(model.config)
     if note:
         log(note)
+    return _ready(model, tok)
+
+
+def _ready(model, tok):
+    """The tokenizer pads on the left (with EOS where it has no pad token); the model keeps no KV cache in forward."""
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model.config.use_cache = False
     return model, tok
 
 

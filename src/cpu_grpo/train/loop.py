@@ -31,14 +31,17 @@ from . import checkpoint, curriculum, distributed
 from .runstate import Progress, Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
 from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, fitting, promoted, validation_accuracy
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
-from .trackers import Tracker, summary_metrics
+from .trackers import Hooks, Tracker, summary_metrics
 
 __all__ = ["train", "StopFlag"]
 
 
-def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=print) -> Path:
+def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=print, stop: StopFlag | None = None,
+          hooks: Hooks | None = None) -> Path:
     """Train with GRPO through the stages; evaluate before and after each; write the report. Returns the run dir.
-    Under torchrun every rank calls this; rank 0 alone writes the run directory and logs."""
+    Under torchrun every rank calls this; rank 0 alone writes the run directory and logs. `stop` set (by a signal
+    or by a caller) ends the run after the step at hand, as Ctrl-C does; `hooks` hears of each step, checkpoint
+    and the end (the Python API's callbacks)."""
     t_start = time.time()
     world = distributed.init(cfg.ddp_timeout)
     run_dir, created = None, False
@@ -52,7 +55,8 @@ def train(cfg: TrainConfig, profile: str = "default", resume: bool = False, log=
         with RunLock(run_dir) if world.main else contextlib.nullcontext():
             if world.main:
                 write_status(run_dir, state="starting", message="")  # a resumed run forgets an earlier failure
-            run_dir = _train(cfg, world, run_dir, ckpt, t_start, log if world.main else _quiet, profile)
+            run_dir = _train(cfg, world, run_dir, ckpt, t_start, log if world.main else _quiet, profile,
+                             stop or StopFlag(log=log), hooks if world.main else None)
         world.broadcast(None)  # every rank waits for rank 0's report, then all leave the group together
         return run_dir
     except BaseException as e:
@@ -113,7 +117,8 @@ class _NoTracker:
         pass
 
 
-def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: float, log, profile: str) -> Path:
+def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: float, log, profile: str,
+           stop: StopFlag, hooks: Hooks | None) -> Path:
     threads = set_threads(cfg.threads or None, ranks_here=world.local_size, log=log)
     malloc = allocator.setup(cfg.allocator)
     stages = plan(cfg)
@@ -139,9 +144,12 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
         machine = planner.Machine.measure(0.4)
         log(planner.forecast(cfg, planner.Shapes.of(r.model.config), machine, cfg.model))
-    stop = StopFlag(log=log)  # from here a stop request is honoured after the evaluation or step at hand
+    if hooks:
+        r.saved = hooks.saved
+    # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict()) if world.main else _NoTracker()
+    tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict(), hooks) if world.main else \
+        _NoTracker()
     try:
         # ---------------------------------------------------------------- evaluate the base model
         if world.broadcast(bool(eval_set) and not (run_dir / "eval_before.jsonl").exists()):

@@ -73,8 +73,10 @@ def prepare_model(cfg: TrainConfig, log, bf16: bool):
     if cfg.use_lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"),
+        targets = cfg.lora_target_modules if cfg.lora_target_modules == "all-linear" else \
+            [m.strip() for m in cfg.lora_target_modules.split(",") if m.strip()]
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                                 target_modules=targets, task_type="CAUSAL_LM"),
                                autocast_adapter_dtype=True)  # the adapters themselves stay fp32
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -131,6 +133,7 @@ class Run:
     world: World = SINGLE  # this process's rank among the data-parallel ranks (one process: SINGLE)
     ewc: curriculum.EWC = field(default_factory=curriculum.EWC)
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
+    saved: object = field(default=lambda path: None, repr=False)  # told of each checkpoint written (rank 0)
 
     def sampling(self, max_new_tokens: int, greedy: bool = False) -> Sampling:
         """How rollouts are sampled up to `max_new_tokens` (the config's temperature and top-k/p), or the greedy
@@ -233,8 +236,8 @@ def save_checkpoint(r: Run, p: Progress, tag: str = "") -> None:
              "progress": asdict(p)}
     extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
     try:
-        checkpoint.save(r.dir, p.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
-                        extra=extra)
+        path = checkpoint.save(r.dir, p.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
+                               extra=extra)
     except Exception as e:  # OSError; torch.save's RuntimeError; safetensors' SafetensorError
         if not disk_full(e):
             raise
@@ -243,6 +246,7 @@ def save_checkpoint(r: Run, p: Progress, tag: str = "") -> None:
         raise TrainingError(f"the disk holding {r.dir} is full ({free:.0f} MB free) while saving the checkpoint of "
                             f"step {p.step}: free some space and continue with --resume (from "
                             f"{last.name if last else 'the start'})") from None
+    r.saved(path)
 
 
 def disk_full(e: BaseException) -> bool:

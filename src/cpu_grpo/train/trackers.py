@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Protocol
 
 from ..rundir import append_jsonl
 
@@ -144,15 +145,28 @@ def open_backends(names: list[str], run_dir: Path, name: str, config: dict, warn
     return out
 
 
+class Hooks(Protocol):
+    """What a caller of the loop hears (the Python API's TrainerCallbacks): every step's record, every checkpoint
+    written, and the run's summary at its end."""
+
+    def step_end(self, record: dict) -> None: ...
+
+    def saved(self, checkpoint: Path) -> None: ...
+
+    def finished(self, summary: dict) -> None: ...
+
+
 class Tracker:
     """metrics.jsonl and a console line for every step, and the `report_to` backends (trackers.py), each dropped
-    with one warning the first time it fails."""
+    with one warning the first time it fails; `hooks` hear each step and the end (a hook that fails stops the run:
+    it is the caller's own code)."""
 
     def __init__(self, run_dir: Path, print_fn=print, total_steps: int | None = None, report_to: list[str] = (),
-                 config: dict | None = None):
+                 config: dict | None = None, hooks: Hooks | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.print = print_fn
         self.total = total_steps
+        self.hooks = hooks
         self.backends = []
         if report_to:
             self.backends = open_backends(list(report_to), Path(run_dir), Path(run_dir).name, config or {}, print_fn)
@@ -162,6 +176,8 @@ class Tracker:
         self.print(self.line(record))
         if self.backends:
             self._each("log", trl_metrics(record), record["step"])
+        if self.hooks:
+            self.hooks.step_end(record)
 
     def table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
         self._each("table", key, columns, rows, step)
@@ -169,6 +185,8 @@ class Tracker:
     def finish(self, summary: dict) -> None:
         self._each("finish", summary)
         self.backends = []
+        if self.hooks:
+            self.hooks.finished(summary)
 
     def _each(self, method: str, *args) -> None:
         for backend in list(self.backends):
