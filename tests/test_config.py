@@ -241,7 +241,7 @@ def test_precedence_defaults_profile_file_overrides(tmp_path):
 
 
 def test_unknown_key_in_overrides():
-    with pytest.raises(ConfigError, match=r"unknown config key\(s\) stpes: "):
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) stpes \(did you mean steps\?\): "):
         build(overrides={"stpes": 3})
 
 

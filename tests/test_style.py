@@ -41,9 +41,11 @@ def _imports(path: Path) -> set[str]:
 
 
 # the wings from the bottom up; a module may import its own wing and those below it (config and rundir are
-# the top-level records every wing reads; cli and the app sit on top of everything)
-LAYERS = {"errors": 0, "profiles": 0, "rundir": 0, "__init__": 0, "data": 1, "config": 2, "engine": 2, "eval": 3,
-          "machine": 4, "train": 5, "export": 6, "app": 7, "cli": 8, "__main__": 9}
+# the top-level records every wing reads; cli, the Python API (grpo_trainer, and the package's lazy names) and the
+# app sit on top of everything)
+LAYERS = {"errors": 0, "profiles": 0, "rundir": 0, "data": 1, "config": 2, "engine": 2, "rewards": 2,
+          "grpo_config": 3, "eval": 3, "machine": 4, "train": 5, "export": 6, "app": 7, "cli": 8, "grpo_trainer": 8,
+          "__main__": 9, "__init__": 9}
 
 
 def _layer(module: str) -> int:

@@ -22,7 +22,9 @@ TRL_DEFAULTS = dict(
     max_completion_length=512, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=None,
     num_iterations=1, loss_type="dapo", scale_rewards="group", reward_weights=None, bf16=None,
     gradient_checkpointing=True, logging_steps=10, save_strategy="steps", save_steps=500, save_total_limit=None,
-    report_to="none", log_completions=False, trust_remote_code=False,
+    report_to="none", log_completions=False, trust_remote_code=False, min_p=None, repetition_penalty=1.0,
+    importance_sampling_level="token", mask_truncated_completions=False, top_entropy_quantile=1.0,
+    multi_objective_aggregation="sum_then_normalize",
 )
 # the fields that mean nothing more on a CPU, whatever their value
 NO_EFFECT = ("use_cpu", "disable_tqdm", "log_level", "logging_dir", "overwrite_output_dir")
@@ -30,14 +32,13 @@ NO_EFFECT = ("use_cpu", "disable_tqdm", "log_level", "logging_dir", "overwrite_o
 TRL_ONLY = dict(
     model_init_kwargs=None, router_aux_loss_coef=None, disable_dropout=False, cast_lm_head_to_fp32=False,
     num_generations_eval=None, ds3_gather_for_generation=True, shuffle_dataset=True, pad_to_multiple_of="auto",
-    min_p=None, generation_kwargs=None, chat_template_kwargs=None, repetition_penalty=1.0, cache_implementation=None,
+    generation_kwargs=None, chat_template_kwargs=None, cache_implementation=None,
     use_vllm=False, vllm_mode="colocate", vllm_model_impl="vllm", vllm_enable_sleep_mode=False,
     vllm_structured_outputs_regex=None, vllm_server_base_url=None, vllm_server_host="0.0.0.0", vllm_server_port=8000,
     vllm_server_timeout=240.0, vllm_group_port=51216, vllm_gpu_memory_utilization=0.3, vllm_max_model_length=None,
     vllm_tensor_parallel_size=1, delta=None, sapo_temperature_neg=1.05, sapo_temperature_pos=1.0, vespo_k_pos=2.0,
-    vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, importance_sampling_level="token",
-    multi_objective_aggregation="sum_then_normalize", mask_truncated_completions=False, sync_ref_model=False,
-    ref_model_mixup_alpha=0.6, ref_model_sync_steps=512, top_entropy_quantile=1.0, entropy_coef=0.0,
+    vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, sync_ref_model=False,
+    ref_model_mixup_alpha=0.6, ref_model_sync_steps=512, entropy_coef=0.0,
     use_adaptive_entropy=False, entropy_coef_min=0.0, entropy_coef_max=1.0, entropy_coef_delta=0.005,
     entropy_target=0.2, max_tool_calling_iterations=None, vllm_importance_sampling_correction=True,
     vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0,
@@ -110,6 +111,7 @@ class GRPOConfig:
                               "checkpoint every save_steps and at the end) or 'no' (at the end only).")
         if self.save_strategy == "no":
             trl["save_steps"] = 0
+        trl["min_p"] = self.min_p or 0.0  # TRL: None is off
         trl["log_completions_every"] = max(1, int(self.logging_steps)) if self.log_completions else 0
         if self.reward_weights is None:
             del trl["reward_weights"]  # one 1.0 per reward function, filled in by the trainer

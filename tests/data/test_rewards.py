@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from cpu_grpo.data import answers, rewards
+from cpu_grpo.data import answers, rewards, scoring
 from cpu_grpo.data.answers import answers_match, completion_text, extract_answer, parse_number
 from cpu_grpo.data.rewards import (
     BUILTIN_REWARDS,
@@ -322,7 +322,7 @@ def alarm_reward(completions, **kwargs):
 
 @pytest.fixture
 def slow_file(tmp_path):
-    rewards._late.clear()
+    scoring._late.clear()
     path = tmp_path / "slow_rewards.py"
     path.write_text(SLOW)
     return path
@@ -357,7 +357,7 @@ def test_a_reward_that_hangs_scores_zero_at_its_time_limit_then_stops_the_run(sl
     fn = load_reward(f"{slow_file}:hang_reward")
     call_reward(fn, ["a"], {}, ["r1"], lines.append, limit=0.3)
     assert call_reward(load_reward(f"{slow_file}:alarm_reward"), ["a"], {}, ["r1"], limit=30) == [2.0]
-    assert rewards._late == {"hang_reward": 1}
+    assert scoring._late == {"hang_reward": 1}
     assert call_reward(format_reward, ["#### 4"], {}, ["r1"], limit=30) == [0.75]
     pytest.importorskip("math_verify")
     assert call_reward(load_reward("math"), ["so \\boxed{42}"], {"answer": ["42"]}, ["r1"], limit=30) == [1.0]
@@ -371,7 +371,7 @@ def test_a_stop_interrupts_a_reward_that_hangs(slow_file):
     fn, t0 = load_reward(f"{slow_file}:hang_reward"), time.monotonic()
     with pytest.raises(RewardStopped):
         call_reward(fn, ["a"], {}, ["r1"], limit=300, stop=lambda: time.monotonic() > t0 + 0.2)
-    assert time.monotonic() - t0 < 5 and not rewards._late
+    assert time.monotonic() - t0 < 5 and not scoring._late
 
 
 def test_a_step_whose_reward_hangs_ends_within_its_time_limit(slow_file):
@@ -440,7 +440,7 @@ def test_an_evaluation_judge_has_the_runs_time_limit(slow_file):
     t0, lines = time.monotonic(), []
     assert judge.scores(rows, ["hi"], [[1]], lines.append) == [False]
     assert time.monotonic() - t0 < 5 and "ran past its limit of 0.3 s" in lines[0]
-    rewards._late.clear()
+    scoring._late.clear()
 
 
 def test_a_reward_too_large_to_train_on_is_named():

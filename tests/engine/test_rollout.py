@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from cpu_grpo.engine import llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.rollout import SAMPLE_BLOCK, Sampler, Sampling, sample_token, sample_work
+from cpu_grpo.engine.rollout import Sampler, Sampling
+from cpu_grpo.engine.sampling import SAMPLE_BLOCK, sample_token, sample_work
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..profiles import PROFILES
+from .files import load_file
 from .stages import SCHEDULES, STAGE_SETTINGS, parse_stage, plan, under_your_fields
 from .trl import BATCH, RENAMED, from_trl
 
@@ -82,10 +83,20 @@ class TrainConfig:
     temperature: float = _f(0.7, "sampling temperature for rollouts (log-probs use the same temperature)")
     top_k: int = _f(0, "top-k sampling for rollouts (0: off)")
     top_p: float = _f(1.0, "nucleus sampling for rollouts (1.0: off)")
+    min_p: float = _f(0.0, "min-p sampling for rollouts: only words at least min_p times as likely as the likeliest "
+                           "(Nguyen et al. 2024; 0: off)")
+    repetition_penalty: float = _f(1.0, "rollouts: the logits of words already in the prompt or the completion are "
+                                        "divided by it where positive, multiplied where negative (CTRL, as "
+                                        "transformers and vLLM apply it; 1.0: off). The update's log-probs are the "
+                                        "model's own, as in TRL")
     # -- rewards
     rewards: list[str] = _f(["correctness", "format"],
                             "reward functions: builtin names, module:function or file.py:function")
     reward_weights: list[float] = _f([1.0, 0.2], "one weight per reward function")
+    multi_objective_aggregation: str = _f("sum_then_normalize", "several rewards: sum_then_normalize (their "
+                                          "weighted sum, then the group's advantage) | normalize_then_sum (GDPO, "
+                                          "Liu et al. 2026: each reward normalised within its group, the weighted "
+                                          "sum normalised over the batch; scale_rewards does not apply)")
     reward_timeout: float = _f(120.0, "seconds each reward function may take on one batch of completions: past it, "
                                       "the batch scores 0 with a warning, and 3 batches in a row stop the run (0: no "
                                       "limit)")
@@ -101,6 +112,14 @@ class TrainConfig:
     epsilon: float = _f(0.2, "lower clip of the ratio: 1 - epsilon")
     epsilon_high: float = _f(0.2, "upper clip of the ratio: 1 + epsilon_high (DAPO uses 0.28)")
     num_iterations: int = _f(1, "updates per rollout batch; > 1 stores old log-probs")
+    importance_sampling_level: str = _f("token", "the ratio that is clipped: token (PPO, GRPO) | sequence (GSPO, "
+                                                 "Zheng et al. 2025: the geometric mean of a completion's token "
+                                                 "ratios, one for the whole completion; use with loss_type grpo)")
+    mask_truncated_completions: bool = _f(False, "leave completions cut at max_new_tokens out of the loss (DAPO; "
+                                                 "their rewards still count in their group's advantages)")
+    top_entropy_quantile: float = _f(1.0, "train only on the tokens whose entropy is in this top fraction of a "
+                                          "micro-batch's (Wang et al. 2025, 'Beyond the 80/20 rule': 0.2; 1.0: all "
+                                          "tokens)")
     dynamic_sampling: int = _f(0, "DAPO's dynamic sampling: up to this many rollout batches a step, until "
                                   "prompts_per_step groups whose first reward (correctness) differs within the group "
                                   "are found; only those are trained (0: off, every group of one batch)")
@@ -167,6 +186,11 @@ class TrainConfig:
                                    "by it (greedy decoding is for evaluation only)"),
             (self.top_k >= 0, "top_k must be >= 0 (0: off)"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p < 1 and self.repetition_penalty > 0, "min_p must be in [0, 1) and repetition_penalty > 0"),
+            (self.importance_sampling_level in ("token", "sequence"), "importance_sampling_level: token or sequence"),
+            (0 < self.top_entropy_quantile <= 1, "top_entropy_quantile must be in (0, 1] (1.0: every token)"),
+            (self.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
+             "multi_objective_aggregation must be sum_then_normalize or normalize_then_sum (GDPO)"),
             (len(self.rewards) >= 1, "give at least one reward function"),
             (len(self.rewards) == len(self.reward_weights),
              f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
@@ -221,81 +245,6 @@ class TrainConfig:
 
 
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
-
-
-MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB
-MAX_CONFIG_NODES = 100_000  # values once every alias is expanded (a 286-byte alias bomb expands to billions)
-
-
-def _expanded(node, sizes: dict) -> int:
-    """How many values `node` stands for once every alias is expanded (aliases share their node); a node that
-    holds itself counts as too many."""
-    import yaml
-
-    key = id(node)
-    if key in sizes:
-        return sizes[key]
-    sizes[key] = MAX_CONFIG_NODES + 1  # while counting: a node reached again inside itself is a loop
-    children = [x for pair in node.value for x in pair] if isinstance(node, yaml.MappingNode) else \
-        node.value if isinstance(node, yaml.SequenceNode) else []
-    total = 1
-    for child in children:
-        total += _expanded(child, sizes)
-        if total > MAX_CONFIG_NODES:
-            break
-    sizes[key] = total
-    return total
-
-
-def _load_yaml(text: str, path: Path):
-    """YAML as yaml.safe_load reads it, except that a key set twice in one mapping is an error (YAML would keep
-    the last one without a word), and that a file over 1 MB or over 100,000 values once its aliases are expanded
-    is refused before anything is built."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise ConfigError(f"{path}: {key} is set twice (lines {seen[key] + 1} and "
-                                      f"{key_node.start_mark.line + 1}): delete the one you did not mean.")
-                seen[key] = key_node.start_mark.line
-            return super().construct_mapping(node, deep)
-
-    if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: {len(text):,} characters, and a config file is a few KB (at most "
-                          f"{MAX_CONFIG_BYTES:,}): give the file of fields, not data.")
-    loader = Loader(text)  # a SafeLoader: plain data only
-    try:
-        node = loader.get_single_node()
-        if node is not None and _expanded(node, {}) > MAX_CONFIG_NODES:
-            raise ConfigError(f"{path}: its aliases (*name) expand to over {MAX_CONFIG_NODES:,} values, or refer to "
-                              "themselves: write the values out.")
-        return None if node is None else loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def load_file(path: str | Path) -> dict:
-    """Read a YAML or JSON config file into a dict of field overrides."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}: check the path.")
-    text = path.read_text()
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = _load_yaml(text, path)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"{path}: cannot parse it ({str(e).splitlines()[0]}): fix the syntax.") from None
-    if not isinstance(data, dict | None):  # an empty file is no overrides
-        raise ConfigError(f"{path}: expected a mapping of field: value at the top level.")
-    return data or {}
 
 
 def build(profile: str | None = None, file: str | None = None, overrides: dict | None = None) -> TrainConfig:

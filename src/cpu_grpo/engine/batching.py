@@ -8,15 +8,17 @@ import torch
 
 from . import llama
 from .arch import dims
-from .logprobs import KEEP_BYTES, token_logprobs
+from .logprobs import KEEP_BYTES, token_entropies, token_logprobs
 from .rollout import left_pad
 
 
 def group_logprobs(model, prompts, completions, groups: list[int], num_generations: int, pad_id: int,
                    temperature: float, autocast: bool, checkpointing: bool = False,
-                   samples: tuple[int, ...] | None = None, prefix: llama.Prefix | None = None):
+                   samples: tuple[int, ...] | None = None, prefix: llama.Prefix | None = None,
+                   entropy: bool = False):
     """Log-probs (n, T) of the completions of `groups` and their mask (n, T): the given samples of each group
-    (indices in 0..G-1; all G by default), so n = len(groups) * len(samples).
+    (indices in 0..G-1; all G by default), so n = len(groups) * len(samples). With `entropy`, the entropy (n, T) of
+    each position's distribution too (no gradient).
 
     Llama-family models run each prompt once per micro-batch (llama.group_forward), or not at all with a `prefix`
     of these groups (SharedPrompts); others run the full left-padded prompt + completion sequences through the HF
@@ -46,7 +48,10 @@ def group_logprobs(model, prompts, completions, groups: list[int], num_generatio
             hidden = out[:, p_len - 1:-1]
         head = base.get_output_embeddings().weight
     dtype = torch.bfloat16 if autocast else head.dtype  # explicit: autocast does not reach a backward pass
-    return token_logprobs(hidden.to(dtype), head, cids, temperature), cmask  # head: cast inside, fp32 grad
+    logp = token_logprobs(hidden.to(dtype), head, cids, temperature)  # head: cast inside, fp32 grad
+    if entropy:
+        return logp, cmask, token_entropies(hidden.detach().to(dtype), head.detach(), temperature)
+    return logp, cmask
 
 
 class SharedPrompts:

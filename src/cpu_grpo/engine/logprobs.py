@@ -71,3 +71,18 @@ class _ChunkedLogprob(torch.autograd.Function):
 def _softmax(h: Tensor, w: Tensor, temperature: float) -> Tensor:
     logits = h @ w.t()
     return (logits if temperature == 1.0 else logits / temperature).softmax(-1)
+
+
+@torch.no_grad()
+def token_entropies(hidden: Tensor, lm_head: Tensor, temperature: float = 1.0, chunk: int = 1024) -> Tensor:
+    """The entropy (nats) of the next-word distribution at each position, in chunks, no gradient: hidden (N, T, H),
+    lm_head (V, H) -> (N, T) fp32. An lm_head matmul more than token_logprobs; taken only where asked
+    (top_entropy_quantile < 1)."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    w = lm_head.to(h.dtype)
+    out = torch.empty(h.shape[0], dtype=torch.float32)
+    for i in range(0, h.shape[0], chunk):
+        logits = (h[i:i + chunk] @ w.t()).float() / temperature
+        logp = logits.log_softmax(-1)
+        out[i:i + chunk] = -(logp.exp() * logp).sum(-1)
+    return out.view(hidden.shape[:-1])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,12 +36,13 @@ from .llama import (
     sampling_projections,
     supports,
 )
+from .sampling import penalised, sample_token, sample_work, seen_words
 
 
 @dataclass(frozen=True)
 class Sampling:
     """How completions are drawn: the length limit, the tokens that end one, the padding id, and the temperature
-    (0: greedy), top-k (0: off) and top-p (1.0: off) of sampling."""
+    (0: greedy), top-k (0: off), top-p (1.0: off), min-p (0: off) and repetition penalty (1.0: off) of sampling."""
 
     max_new_tokens: int
     stops: tuple[int, ...]
@@ -50,6 +50,8 @@ class Sampling:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (token, of at most) a step
 
 
@@ -260,51 +262,6 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, valid
 
 
-# the inverse-CDF draw's block: the first search runs over the per-block sums, the second inside one block
-SAMPLE_BLOCK = 1024
-
-
-def sample_work(rows: int, vocab: int) -> Tensor:
-    """The fp32 buffer sample_token writes its probabilities into (rows, vocab rounded up to SAMPLE_BLOCK); kept
-    across a rollout's steps: a fresh 39 MB buffer a step (64 rows, 151,936 words) costs ~10 ms of page faults."""
-    return torch.empty(rows, -(-vocab // SAMPLE_BLOCK) * SAMPLE_BLOCK)
-
-
-def sample_token(logits: Tensor, temperature: float, top_k: int, top_p: float,
-                 generator: torch.Generator | None, work: Tensor | None = None) -> Tensor:
-    """logits (N, V) -> token ids (N,); temperature 0 means greedy. `work`: a sample_work buffer of >= N rows.
-
-    Inverse-CDF sampling with one uniform per row (torch.multinomial draws V exponentials per row: 45 ms a step
-    at 64 rows), in two levels: the row's mass per block of SAMPLE_BLOCK words, then the words of the block the
-    uniform falls in; a softmax and a cumulative sum over all V words cost 5.8x more (bench/sampling_kernels.py).
-    """
-    if temperature <= 0:
-        return logits.argmax(-1)
-    n, v = logits.shape
-    z = (sample_work(n, v) if work is None else work)[:n]
-    z[:, v:] = -math.inf  # the padding to whole blocks: probability 0
-    x = z[:, :v]
-    x.copy_(logits).mul_(1 / temperature)
-    if top_k > 0:
-        kth = torch.topk(x, min(top_k, v), dim=-1).values[:, -1:]
-        x.masked_fill_(x < kth, -math.inf)
-    if top_p < 1.0:
-        sorted_logits, idx = torch.sort(x, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest set whose mass reaches top_p
-        x.masked_fill_(drop.scatter(-1, idx, drop), -math.inf)
-    nb = z.shape[1] // SAMPLE_BLOCK
-    p = z.sub_(x.amax(-1, keepdim=True)).exp_().view(n, nb, SAMPLE_BLOCK)  # unnormalised probabilities
-    mass = p.sum(-1)  # (N, blocks)
-    cum = mass.cumsum(-1)
-    u = torch.rand(n, 1, generator=generator) * cum[:, -1:]
-    block = torch.searchsorted(cum, u).clamp_(max=nb - 1)  # (N, 1)
-    u = u - (cum.gather(-1, block) - mass.gather(-1, block))  # the uniform's place inside its block
-    inside = p.gather(1, block[:, :, None].expand(n, 1, SAMPLE_BLOCK)).squeeze(1).cumsum(-1)
-    word = torch.searchsorted(inside, u).clamp_(max=SAMPLE_BLOCK - 1)
-    return (block * SAMPLE_BLOCK + word).squeeze(-1).clamp_(max=v - 1)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # fast path: llama.cached_forward over a preallocated KV cache
 
@@ -334,8 +291,13 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
     eos = torch.tensor(list(s.stops))
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
     work = sample_work(b * g, logits.shape[-1]) if s.temperature > 0 else None  # greedy draws need none
+    seen = seen_words(prompts, g, logits.shape[-1]) if s.repetition_penalty != 1.0 else None
     for step in range(max_new_tokens):
-        tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work)
+        if seen is not None:
+            logits = penalised(logits, seen, s.repetition_penalty)
+        tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work, s.min_p)
+        if seen is not None:
+            seen[torch.arange(len(tok)), tok] = True
         for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
             if not d:
                 out[r].append(t)
@@ -348,6 +310,7 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
             keep = (~done).nonzero().squeeze(-1)
             cache.keep(keep)
             tok, next_pos, done = tok[keep], next_pos[keep], done[keep]
+            seen = seen[keep] if seen is not None else None
         last = decode_step(net, projs, cache, tok, next_pos, step)
         next_pos = next_pos + 1
         logits = head(last)
@@ -364,7 +327,8 @@ def _hf_generate(net, prompts, num_generations: int, sampling: Sampling, generat
     p_len, mask = ids.shape[1], mask.long()
     if generator is not None:  # generate() draws from the global RNG: seed it from ours
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-    random = dict(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
+    random = dict(do_sample=True, temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p,
+                  min_p=s.min_p or None, repetition_penalty=s.repetition_penalty)
     seqs = net.generate(input_ids=ids.repeat_interleave(num_generations, 0),
                         attention_mask=mask.repeat_interleave(num_generations, 0), max_new_tokens=s.max_new_tokens,
                         eos_token_id=list(s.stops), pad_token_id=s.pad_id,

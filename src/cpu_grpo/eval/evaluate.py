@@ -74,8 +74,8 @@ class Judge:
                             "code), or train with rewards that start with it")
         part = [examples[i] for i in mine]
         columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine]}
-        values = rewards.call_reward(self.fn, [texts[i] for i in mine], columns, [ex.id for ex in part], log,
-                                     self.time_limit)
+        values = rewards.call_reward(self.fn, rewards.as_completions([texts[i] for i in mine], part), columns,
+                                     [ex.id for ex in part], log, self.time_limit)
         out: list[bool | None] = [None] * len(examples)
         for i, v in zip(mine, values, strict=True):
             out[i] = v == 1.0

@@ -18,26 +18,64 @@ Letters: B prompts, G samples per prompt, N = B*G sequences, T completion tokens
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
 def group_advantages(rewards: Tensor, num_generations: int, scale: str = "group", eps: float = 1e-4
                      ) -> tuple[Tensor, dict]:
-    """rewards (N,) group-major -> advantages (N,), and the fraction of groups whose rewards are all equal."""
+    """rewards (N,) group-major -> advantages (N,), and the fraction of groups whose rewards are all equal. A nan
+    reward (no reward function scored that completion) is left out of its group's mean and spread, and its
+    advantage is 0 (TRL's "unscorable" completions).
+
+    >>> group_advantages(torch.tensor([2.0, 0.0, float("nan"), 1.0]), 4, "none")[0].tolist()
+    [1.0, -1.0, 0.0, 0.0]
+    """
     r = rewards.view(-1, num_generations)  # (B, G)
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean)
+    if torch.isnan(r).any():
+        mean, std = r.nanmean(dim=1, keepdim=True), _nanstd(r, dim=1)
+        everywhere = _nanstd(rewards.view(1, -1), dim=1).squeeze()
+    else:
+        mean = r.mean(dim=1, keepdim=True)
+        std = r.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean)
+        everywhere = rewards.std()
     adv = r - mean
     if scale == "group":
         adv = adv / (std + eps)
     elif scale == "batch":
-        adv = adv / (rewards.std() + eps)
+        adv = adv / (everywhere + eps)
     elif scale != "none":
         raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', not {scale!r}")
-    zero_std = std < 1e-6  # (B, 1): all rewards of the group equal
-    adv = adv.masked_fill(zero_std, 0.0)
+    zero_std = std.nan_to_num(0.0) < 1e-6  # (B, 1): all rewards of the group equal
+    adv = adv.masked_fill(zero_std, 0.0).nan_to_num(0.0)
     return adv.reshape(-1), {"frac_zero_std": zero_std.float().mean().item(), "reward_std": std.mean().item()}
+
+
+def _nanstd(x: Tensor, dim: int) -> Tensor:
+    """The unbiased standard deviation along `dim` of the values that are not nan (nan where fewer than two)."""
+    n = (~torch.isnan(x)).sum(dim, keepdim=True)
+    dev = (x - x.nanmean(dim, keepdim=True)).nan_to_num(0.0)
+    return ((dev ** 2).sum(dim, keepdim=True) / (n - 1)).sqrt().masked_fill(n < 2, math.nan)
+
+
+def decoupled_rewards(per_fn: Tensor, weights: Tensor, num_generations: int, eps: float = 1e-4) -> Tensor:
+    """GDPO's reward (Liu et al. 2026; TRL's multi_objective_aggregation="normalize_then_sum"): each function's
+    rewards (N, K) normalised within their group, then their weighted sum (N,); nan where no function scored. Its
+    advantages are the batch-normalised sum (`group_advantages(..., "batch")`), so that a rare reward is not drowned
+    by a frequent one.
+
+    >>> decoupled_rewards(torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 10.0], [0.0, 10.0]]), torch.ones(2), 2)
+    tensor([ 0.7070, -0.7070,  0.7070, -0.7070])
+    """
+    k = per_fn.shape[1]
+    grouped = per_fn.view(-1, num_generations, k)
+    mean = grouped.nanmean(dim=1, keepdim=True)
+    std = _nanstd(grouped, dim=1).nan_to_num(0.0) if num_generations > 1 else torch.zeros_like(mean)
+    z = ((grouped - mean) / (std + eps)).view(-1, k)
+    total = (z * weights[None, :]).nansum(dim=1)
+    return total.masked_fill(torch.isnan(per_fn).all(dim=1), math.nan)
 
 
 def max_variance(rewards: Tensor, m: int) -> list[int]:
@@ -71,22 +109,30 @@ LOSS_TYPES = {"grpo": _agg_grpo, "dapo": _agg_dapo, "dr_grpo": _agg_dr_grpo}
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
               norm: dict, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
-              loss_type: str = "dapo") -> tuple[Tensor, dict]:
+              loss_type: str = "dapo", level: str = "token", trained: Tensor | None = None) -> tuple[Tensor, dict]:
     """Clipped-ratio policy loss (+ beta * k3 KL), aggregated by `loss_type`.
 
     logp, old_logp, ref_logp, mask: (n, T) for this micro-batch; advantages (n,).
     norm: {"num_seqs", "num_tokens", "max_new_tokens"} of the whole batch, so micro-batches add up exactly.
+    level "sequence" (GSPO, Zheng et al. 2025) clips one ratio per completion, exp of the mean of its tokens' log
+    ratios, as TRL's importance_sampling_level="sequence". `trained` (n, T) keeps the policy term to those tokens
+    (the high-entropy ones, `high_entropy`); the KL term and the normaliser keep every token, as in TRL.
     Returns the loss to backpropagate and sums for logging (divide by the batch's token count).
     """
     keep = mask.bool()
     mask = mask.to(logp.dtype)
     # padded positions are zeroed before exp, so a non-finite value there cannot leak in as inf * 0 = nan
     logp, old_logp = torch.where(keep, logp, 0.0), torch.where(keep, old_logp, 0.0)
-    ratio = torch.exp(logp - old_logp)  # (n, T)
+    log_ratio = logp - old_logp  # (n, T)
+    if level == "sequence":  # (n, 1): one ratio for the whole completion
+        log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(log_ratio)
     adv = advantages[:, None]
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv
     per_token = -torch.min(unclipped, clipped)
+    if trained is not None:
+        per_token = per_token * trained
     stats = {"clip_frac_sum": (((unclipped > clipped).float()) * mask).sum().item()}
     if beta > 0:
         delta = torch.where(keep, ref_logp, 0.0) - logp
@@ -95,3 +141,18 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
         stats["kl_sum"] = (kl * mask).sum().item()
     loss = LOSS_TYPES[loss_type](per_token, mask, norm)
     return loss, stats
+
+
+def high_entropy(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """(n, T) 1.0 on the tokens whose entropy is at or above the (1 - quantile) quantile of the unpadded tokens'
+    (Wang et al. 2025, "Beyond the 80/20 rule"; TRL's top_entropy_quantile), 0.0 elsewhere.
+
+    >>> high_entropy(torch.tensor([[0.1, 2.0, 0.5], [3.0, 0.2, 9.0]]), torch.tensor([[1, 1, 1], [1, 1, 0]]), 0.5)
+    tensor([[0., 1., 1.],
+            [1., 0., 0.]])
+    """
+    keep = mask.bool()
+    if not keep.any():
+        return torch.zeros_like(entropies)
+    threshold = torch.quantile(entropies[keep].float(), 1 - quantile)
+    return ((entropies >= threshold) & keep).to(mask.dtype if mask.is_floating_point() else torch.float)

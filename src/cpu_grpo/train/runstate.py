@@ -141,7 +141,8 @@ class Run:
         c, pad = self.cfg, self.tok.pad_token_id
         if greedy:
             return Sampling(max_new_tokens, self.stops, pad, temperature=0.0)
-        return Sampling(max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p)
+        return Sampling(max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p, c.min_p,
+                        c.repetition_penalty)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None, bool]:

@@ -40,7 +40,7 @@ from ..engine.prompts import encode_prompts
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
-from .grpo import group_advantages, max_variance
+from .grpo import decoupled_rewards, group_advantages, max_variance
 from .runstate import Progress, Run, TrainingError
 from .update import Rollout, Update, check_update, update
 
@@ -126,15 +126,27 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) 
     g, batch = cfg.num_generations, rollout.batch
     columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions}
     ids = [ex.id for ex in batch for _ in range(g)]
+    completions = rewards.as_completions(rollout.texts, batch, g)
     per_fn = {}
     for fn in reward_fns:
-        values = rewards.call_reward(fn, rollout.texts, columns, ids, log, cfg.reward_timeout, stop)
+        values = rewards.call_reward(fn, completions, columns, ids, log, cfg.reward_timeout, stop)
         per_fn[fn.__name__] = [min(v, 0.0) if cut and not cfg.score_truncated else v
                                for v, cut in zip(values, rollout.truncated, strict=True)]
     total = torch.zeros(len(rollout.texts))
     for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
         total += w * torch.tensor(values).nan_to_num(0.0)
     return total, per_fn
+
+
+def advantages(cfg: TrainConfig, total: torch.Tensor, per_fn: dict[str, list[float]], rows: torch.Tensor,
+               g: int) -> tuple[torch.Tensor, dict]:
+    """The advantages of the completions `rows` (whole groups of g) and their stats: of the weighted total reward
+    within each group (sum_then_normalize), or GDPO's (normalize_then_sum); a completion no reward function scored
+    (every one returned None) is left out of its group's baseline and gets 0."""
+    matrix = torch.tensor(list(per_fn.values()), dtype=torch.float).T[rows]  # (n, K)
+    if cfg.multi_objective_aggregation == "normalize_then_sum":
+        return group_advantages(decoupled_rewards(matrix, torch.tensor(cfg.reward_weights), g), g, "batch")
+    return group_advantages(total[rows].masked_fill(torch.isnan(matrix).all(dim=1), math.nan), g, cfg.scale_rewards)
 
 
 def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
@@ -170,13 +182,13 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
             break
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
     # ---------------------------------------------------------------- advantage (within each group)
-    _, adv_stats = group_advantages(total, g, cfg.scale_rewards)  # of every group sampled
+    _, adv_stats = advantages(cfg, total, per_fn, torch.arange(len(total)), g)  # of every group sampled
     m = cfg.train_samples or g  # of each kept group, the samples trained (PODS: the widest spread of rewards)
     picks = [max_variance(total[i * g:(i + 1) * g], m) for i in keep]
     rows = torch.tensor([i * g + j for i, pick in zip(keep, picks, strict=True) for j in pick], dtype=torch.long)
     adv = torch.zeros_like(total)  # a group or sample left out is not trained: 0 in groups.jsonl
     if keep:
-        adv[rows] = group_advantages(total[rows], m, cfg.scale_rewards)[0]
+        adv[rows] = advantages(cfg, total, per_fn, rows, m)[0]
     solved = all(sampled_correct(cfg, rollout, per_fn))
     all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], solved, r.log)
     t2 = time.time()

@@ -14,7 +14,7 @@ import torch
 
 from ..data import tasks
 from ..engine.batching import SharedPrompts, auto_micro_rows, group_logprobs, micro_batches
-from .grpo import grpo_loss
+from .grpo import grpo_loss, high_entropy
 from .runstate import Progress, Run, TrainingError
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
@@ -126,19 +126,26 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     cfg, model, g = r.cfg, r.model, rollout.group_size or r.cfg.num_generations
     prompts, completions = rollout.prompts, rollout.completions
     lengths = [len(c) for c in completions]
-    norm = {"num_seqs": len(completions), "num_tokens": max(1, sum(lengths)), "max_new_tokens": limit}
+    # mask_truncated_completions (DAPO): a completion cut at the limit is left out of the loss and its normaliser
+    masked = [cfg.mask_truncated_completions and cut for cut in rollout.truncated]
+    kept = 1.0 - torch.tensor(masked, dtype=torch.float)
+    norm = {"num_seqs": len(completions), "max_new_tokens": limit,
+            "num_tokens": max(1, sum(n for n, out in zip(lengths, masked, strict=True) if not out))}
+    entropy = cfg.top_entropy_quantile < 1
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     r.opt.zero_grad(set_to_none=True)
     shared = SharedPrompts(model, prompts, r.tok.pad_token_id, r.autocast, cfg.gradient_checkpointing) \
         if SharedPrompts.fit(model, mb, g) else None  # a group in parts: its prompt runs once
     for part, samples in micro_batches(groups, g, mb, lengths):
-        logp, mask = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id, cfg.temperature,
-                                    r.autocast, cfg.gradient_checkpointing, samples,
-                                    shared.prefix(part) if shared else None)
+        logp, mask, *ent = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id,
+                                          cfg.temperature, r.autocast, cfg.gradient_checkpointing, samples,
+                                          shared.prefix(part) if shared else None, entropy)
         rows = [i * g + j for i in part for j in samples]
+        mask = mask * kept[rows, None]
         loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
                              fixed.get((part, samples, "ref")), adv[rows], mask, norm,
-                             cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type)
+                             cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type, cfg.importance_sampling_level,
+                             high_entropy(ent[0], mask, cfg.top_entropy_quantile) if entropy else None)
         loss.backward()
         sums["loss"] += loss.item()
         for key, v in st.items():
