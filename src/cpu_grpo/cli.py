@@ -79,7 +79,7 @@ def cmd_eval(args) -> int:
         print(f"cpu-grpo: --output {args.output}: its directory does not exist: create it, or choose another path.",
               file=sys.stderr)
         return 2
-    trained = _trained_with(args.model)  # a checkpoint is asked the way it was trained, unless told otherwise
+    trained = _trained_with(args.model, args.task)  # a checkpoint is asked the way it was trained, unless told
     ask = {k: getattr(args, k) if getattr(args, k) is not None else trained[k]
            for k in ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward")}
     set_threads(log=print)
@@ -123,7 +123,8 @@ def _eval_examples(args, fmt) -> list:
     from .data.loaders import load_task
     from .data.tasks import levels_of
 
-    generated = levels_of(args.task) or args.task in GENERATED  # no end: --n of them, 250 by default
+    generated = levels_of(args.task) or args.task in GENERATED or args.task.startswith("rg:")  # no end: --n of
+    # them, 250 by default
     rows = load_task(args.task, n=(args.n or 250) if generated else None, seed=args.seed, split=None,
                      on_error="skip" if args.skip_bad_lines else "raise", fmt=fmt)
     ran_on = _trained_on(args.model, args.task)
@@ -159,13 +160,16 @@ def _trained_on(model: str, task: str) -> bool:
     return any(same(mine, theirs) for mine in parts_of(task) for theirs in parts)
 
 
-def _trained_with(model: str) -> dict:
+def _trained_with(model: str, task: str) -> dict:
     """The fields a checkpoint was trained with (its train_config.yaml) that say how to ask, judge and run it, else
-    the training defaults."""
+    the training defaults (with the verifier the task brings, if it brings one, as its judge)."""
     from pathlib import Path
 
+    from .data.loaders import verifier_of
+
     saved = Path(model) / "train_config.yaml"
-    mine = config_mod.load_file(saved) if saved.is_file() else {}
+    mine = config_mod.load_file(saved) if saved.is_file() else \
+        {"rewards": [verifier_of(task)]} if verifier_of(task) else {}
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
               "reward_timeout", "bf16")
     return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
@@ -294,8 +298,8 @@ def _training_commands(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out problems (greedy)")
     p.add_argument("--model", default="smollm2-135m", help="alias, HF directory (a checkpoint), .gguf or hub id")
     p.add_argument("--task", default="basic", help="basic | intermediate | advanced | mix | countdown | code | gsm8k | "
-                   "gsm8k-train | levels joined by + | a data file or saved dataset (the whole of it, or its test "
-                   "split) | hf:NAME[:config][:split]")
+                   "gsm8k-train | rg:NAME[:key=value,...] (reasoning-gym) | levels joined by + | a data file or saved "
+                   "dataset (the whole of it, or its test split) | hf:NAME[:config][:split]")
     p.add_argument("--n", type=int, default=None, help="number of problems (default: 250 of a generated level; "
                    "all of a file, of GSM8K's 1,319 test problems or of a hub dataset, as lm-eval does)")
     p.add_argument("--seed", type=int, default=1, help="seed of the held-out problems (a run uses its seed + 1) "

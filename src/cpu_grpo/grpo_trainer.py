@@ -59,15 +59,24 @@ class GRPOTrainer:
         self.lora = _lora(peft_config)
         self.callbacks = [c() if isinstance(c, type) else c for c in callbacks or []]
         self.run_dir = Path(args.output_dir or "runs/python")
-        self._trained = False
+        self._trained, self._loaded = False, None
 
     def add_callback(self, callback) -> None:
         self.callbacks.append(callback() if isinstance(callback, type) else callback)
 
     @property
     def model(self):
-        """The model being trained: the object you gave (trained in place), else None until the model is loaded."""
-        return self._given[0] if self._given else None
+        """The model: the object you gave (trained in place); else, once a checkpoint exists, its newest one
+        (LoRA merged), loaded on first use; None before."""
+        from .engine.models import load_model
+        from .train import checkpoint
+
+        if self._given:
+            return self._given[0]
+        last = checkpoint.latest(self.run_dir)
+        if last is not None and (self._loaded is None or self._loaded[0] != last):
+            self._loaded = (last, load_model(str(last), log=lambda *a: None)[0])
+        return self._loaded[1] if last is not None else None
 
     def config(self, resume: bool = False) -> config.TrainConfig:
         """The run's config, as `cpu-grpo train` would take it (its train_config.yaml)."""

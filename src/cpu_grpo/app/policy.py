@@ -59,7 +59,7 @@ class Policy:
         from ..data.tasks import LEVELS, parts_of
 
         for part in parts_of(spec.strip()):
-            if not part or part in (*LEVELS, "mix", *DATASETS, *GENERATED):
+            if not part or part in (*LEVELS, "mix", *DATASETS, *GENERATED) or part.startswith("rg:"):
                 continue
             if part.startswith("hf:"):
                 name = part[3:].partition(":")[0]

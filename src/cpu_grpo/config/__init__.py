@@ -35,8 +35,9 @@ class TrainConfig:
                                     "directory, .gguf file or hub id")
     trust_remote_code: bool = _f(False, "allow a hub model to run its own Python code (off unless you trust it)")
     # -- data
-    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | gsm8k | countdown | code | levels "
-                            "joined by + (basic+intermediate, advanced+gsm8k) | a file (.jsonl, .json, .csv, .parquet) "
+    task: str = _f("basic", "training data: basic | intermediate | advanced | mix | gsm8k | countdown | code | "
+                            "rg:NAME[:key=value,...] (a reasoning-gym task) | levels or rg: tasks joined by + "
+                            "(basic+intermediate, advanced+gsm8k) | a file (.jsonl, .json, .csv, .parquet) "
                             "or a save_to_disk directory | hf:NAME[:config][:split]")
     eval_task: str = _f("", "extra held-out sets, comma-separated (same forms as task); the test split of every "
                            "stage's task is always evaluated")
@@ -91,7 +92,9 @@ class TrainConfig:
                                         "model's own, as in TRL")
     # -- rewards
     rewards: list[str] = _f(["correctness", "format"],
-                            "reward functions: builtin names, module:function or file.py:function")
+                            "reward functions: builtin names, module:function, file.py:function or a reward "
+                            "model's directory; not given, a task that brings its verifier (countdown, code, rg:) "
+                            "is rewarded and judged by it alone")
     reward_weights: list[float] = _f([1.0, 0.2], "one weight per reward function")
     multi_objective_aggregation: str = _f("sum_then_normalize", "several rewards: sum_then_normalize (their "
                                           "weighted sum, then the group's advantage) | normalize_then_sum (GDPO, "
@@ -256,6 +259,11 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
     if "task" in mine and "stages" not in mine:  # a task of your own replaces the profile's curriculum
         values.pop("stages", None)
     values.update(mine)
+    if "rewards" not in mine and isinstance(values.get("task"), str) and not values.get("stages"):
+        from ..data.loaders import verifier_of
+
+        if verifier := verifier_of(values["task"]):  # a task that brings its verifier: its reward and judge
+            values.update(rewards=[verifier], reward_weights=[1.0])
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}{nearest(unknown[0], _FIELDS)}: see "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 
-from . import files
+from . import catalogue, files
 from .answers import gold_number
 from .generated import GENERATED, generate_task
 from .tasks import (
@@ -188,8 +188,9 @@ def load_jsonl(path: str | Path, on_error: str = "raise", limit: int | None = No
 
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
               on_error: str = "raise", fmt: RowFormat = RowFormat()) -> list[Example]:
-    """Problems named by `spec`: a level, "mix", a generated task (countdown, code), "gsm8k", "gsm8k-train", levels
-    joined by "+", a file, a saved dataset or "hf:NAME[:config][:split]".
+    """Problems named by `spec`: a level, "mix", a generated task (countdown, code), a reasoning-gym task
+    ("rg:NAME[:key=value,...]"), "gsm8k", "gsm8k-train", levels joined by "+", a file, a saved dataset or
+    "hf:NAME[:config][:split]".
 
     Generated tasks give `n` problems (500 when None) of `split` (None: test). "gsm8k" is the shipped GSM8K, trained
     on its train file and held out from its test file; "gsm8k-train" is the same in a run, and its train file for
@@ -198,8 +199,9 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in order. Joined tasks give
     `n` (500 when None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
     """
-    if levels_of(spec) or spec in GENERATED:  # drawn apart by seed and split: a test problem is never trained on
-        made = (generate if levels_of(spec) else generate_task)(spec, 500 if n is None else n, seed, split or "test")
+    if levels_of(spec) or spec in GENERATED or catalogue.is_catalogue(spec):  # drawn apart by seed and split: a
+        make = generate if levels_of(spec) else catalogue.generate if catalogue.is_catalogue(spec) else generate_task
+        made = make(spec, 500 if n is None else n, seed, split or "test")  # test problem is never trained on
         return [replace(ex, split=split or "test") for ex in made]
     if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
         return in_equal_shares(parts, 500 if n is None else n,
@@ -211,3 +213,17 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     if spec.startswith("hf:") or files.is_file_spec(spec):
         return load_file(spec, split, n, fmt, on_error)
     raise TaskError(UNKNOWN.format(spec))
+
+
+VERIFIERS = {"countdown": "countdown", "code": "code"}  # a generated task -> the builtin reward that verifies it
+
+
+def verifier_of(spec: str) -> str | None:
+    """The reward a task brings as its default reward and judge (countdown's, code's, reasoning-gym's); None for
+    the math levels, GSM8K and data of your own.
+
+    >>> verifier_of("countdown"), verifier_of("rg:chain_sum+rg:basic_arithmetic"), verifier_of("basic")
+    ('countdown', 'reasoning_gym', None)
+    """
+    kinds = {"reasoning_gym" if catalogue.is_catalogue(p) else VERIFIERS.get(p) for p in parts_of(spec)}
+    return kinds.pop() if len(kinds) == 1 and None not in kinds else None

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import RewardError
-from . import sandbox, verifiers
+from . import catalogue, sandbox, verifiers
 from .answers import NUMBER, answers_match, completion_text, extract_answer
 from .reward_model import RewardModel, is_reward_model
 from .scoring import MAX_REWARD, TIMEOUTS_IN_A_ROW, RewardStopped, as_scores, call_reward  # noqa: F401 (rewards.*)
@@ -145,6 +145,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "code": verifiers.code_reward,
     "code_tests": verifiers.code_tests_reward,
     "answer_tag": verifiers.answer_tag_reward,
+    "reasoning_gym": catalogue.reasoning_gym_reward,
 }
 BUILTIN_NAMES = (*BUILTIN_REWARDS, "overlong")  # overlong is built for the run's completion limit
 

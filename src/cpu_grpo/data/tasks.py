@@ -26,16 +26,18 @@ SPLITS = ("train", "test")
 TEST_MOD = 5  # crc32(question) % TEST_MOD == 0 puts a question in the held-out test split
 SHIPPED = ("gsm8k", "gsm8k-train")  # the datasets inside the package (loaders.DATASETS)
 UNKNOWN = ("unknown task '{}': use one of basic, intermediate, advanced, mix, countdown, code, gsm8k, gsm8k-train, "
+           "rg:NAME (a reasoning-gym task), "
            "levels joined by '+' (basic+intermediate, advanced+gsm8k), a data file (.jsonl, .json, .csv, .parquet), a "
            "dataset saved with save_to_disk, or hf:NAME.")
 
 
 def parts_of(spec: str) -> list[str]:
-    """The tasks a spec joins with '+' in equal shares (levels, and the shipped GSM8K once:
+    """The tasks a spec joins with '+' in equal shares (levels, reasoning-gym tasks, and the shipped GSM8K once:
     "intermediate+advanced+gsm8k"), else [spec]. A stage's task is held out as each of its parts ("mix" is one
     set, a third of each level)."""
     parts = spec.split("+")
-    joined = (len(parts) > 1 and all(p in LEVELS or p in SHIPPED for p in parts) and len(set(parts)) == len(parts)
+    joined = (len(parts) > 1 and all(p in LEVELS or p in SHIPPED or p.startswith("rg:") for p in parts)
+              and len(set(parts)) == len(parts)
               and sum(p in SHIPPED for p in parts) <= 1)  # gsm8k and gsm8k-train are the same problems
     return parts if joined else [spec]
 
