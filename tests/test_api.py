@@ -251,3 +251,23 @@ def test_trl_example_script_grpo_tldr(tiny_model, tmp_path, monkeypatch):
     saved = yaml.safe_load((tmp_path / "test" / "train_config.yaml").read_text())
     assert (saved["use_lora"], saved["lora_r"], saved["lora_alpha"], saved["beta"]) == (True, 8, 16, 0.1)
     assert saved["gradient_checkpointing"] is True and saved["bf16"] == "true"
+
+
+def test_an_eval_dataset_is_the_held_out_set(tiny_model, tmp_path):
+    """With an eval_dataset, all of train_dataset trains and all of eval_dataset is evaluated (a saved DatasetDict
+    in the run directory, which `cpu-grpo train --task` reads the same way)."""
+    from cpu_grpo.data.loaders import load_task
+
+    held = rows(50)[40:]
+    cfg = GRPOTrainer(tiny_model, length_reward, quick(tmp_path / "run"), rows(40), eval_dataset=held).config()
+    assert cfg.task == str(tmp_path / "run" / "dataset") and cfg.eval_size == 10
+    assert len(load_task(cfg.task, split="train")) == 40
+    assert [ex.question for ex in load_task(cfg.task, split="test")] == [r["prompt"][0]["content"] for r in held]
+
+
+def test_a_model_object_is_trained_under_its_own_name(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    trainer = GRPOTrainer(model, length_reward, quick(tmp_path / "run"), rows())
+    assert trainer.config().model == tiny_model and trainer.model is model
