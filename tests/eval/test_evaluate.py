@@ -180,9 +180,10 @@ def test_an_evaluation_batch_says_how_far_it_is(tiny_model, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cpu_grpo.data.tasks import generate
+    from cpu_grpo.engine import rollout
     from cpu_grpo.engine.rollout import Sampler
 
-    monkeypatch.setattr(evaluate, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(rollout, "PROGRESS_EVERY", 0.0)
     tok, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
     sampler = Sampler(model, dtype=torch.float32)
     lines = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,27 @@ class Sampling:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (token, of at most) a step
+
+
+PROGRESS_EVERY = 30.0  # seconds between two progress lines of one rollout (an evaluation batch, a step's sampling)
+
+
+def progress_lines(log, what: str, unit: str = "token", rate: str = "tokens/s a row") -> Callable[[int, int], None]:
+    """A callback `tick(done, of_at_most)` that logs `what` with how far it is, the rate and the most time left, at
+    most every PROGRESS_EVERY seconds (a decode step's Sampling.progress; the Fisher's samples): a batch of 200
+    problems on a busy machine took 10 minutes without a word."""
+    start, last = time.time(), [time.time()]
+
+    def tick(done: int, limit: int) -> None:
+        now = time.time()
+        if now - last[0] < PROGRESS_EVERY:
+            return
+        last[0] = now
+        each = (now - start) / done
+        log(f"{what}: {unit} {done} of at most {limit}, {1 / each:.1f} {rate}, at most {each * (limit - done):.0f} s "
+            "left")
+
+    return tick
 
 
 def _plain_name(name: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import answers, rewards, tasks, verifiers
+from ..engine import rollout
 from . import metrics, stats
 
 # problems per greedy batch: with more rows each decode step's matmuls run closer to the machine's peak (the 0.5B
@@ -102,7 +103,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     batches, batch_size = equal_batches(len(todo), batch_size) if todo else (1, 1)
     for i in range(0, len(todo), batch_size):
         part = todo[i:i + batch_size]
-        tick = _progress(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
+        tick = rollout.progress_lines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
         outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1,
                                 dataclasses.replace(sampling, progress=tick))
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
@@ -123,26 +124,6 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     if note := judge.all_wrong([ex for ex in examples if ex.id in by_id], by_id):
         log(note)
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
-
-
-PROGRESS_EVERY = 30.0  # seconds between two progress lines of one batch
-
-
-def _progress(log, what: str):
-    """A decode-step callback that logs `what` with the token reached, the rate and the most time left, at most
-    every PROGRESS_EVERY seconds: a batch of 200 problems on a busy machine took 10 minutes without a word."""
-    start, last = time.time(), [time.time()]
-
-    def tick(token: int, limit: int) -> None:
-        now = time.time()
-        if now - last[0] < PROGRESS_EVERY:
-            return
-        last[0] = now
-        per_token = (now - start) / token
-        log(f"{what}: token {token} of at most {limit}, {1 / per_token:.1f} tokens/s a row, at most "
-            f"{per_token * (limit - token):.0f} s left")
-
-    return tick
 
 
 def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,

@@ -4,6 +4,7 @@ for EWC; a tagged checkpoint). The Fisher and EWC math itself is in curriculum.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
 from ..engine.prompts import encode_prompts
+from ..engine.rollout import progress_lines
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
@@ -130,11 +132,16 @@ def estimate_fisher(r: Run, p: Progress, k: int, stage: Stage, data: list[tasks.
     batch = [data[order[(p.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (k + 1))
-    completions = r.sampler.generate(prompts, 1, r.sampling(stage.max_new_tokens), gen)
+    sampling = dataclasses.replace(r.sampling(stage.max_new_tokens),
+                                   progress=progress_lines(r.log, "  Fisher: sampling"))
+    completions = r.sampler.generate(prompts, 1, sampling, gen)
+    tick = progress_lines(r.log, "  Fisher: gradients", "sample", "samples/s")
 
     def seq_logprob(i: int) -> torch.Tensor:
         logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
                                     r.autocast, cfg.gradient_checkpointing)
+        if i:
+            tick(i, len(batch))
         return (logp * mask).sum()
 
     return curriculum.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)

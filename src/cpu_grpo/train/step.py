@@ -26,6 +26,7 @@ The run around the step (stages, evaluations, resume, stop, report) is train.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ..config import TrainConfig
 from ..config.stages import Stage
 from ..data import rewards, tasks
 from ..engine.prompts import encode_prompts
+from ..engine.rollout import progress_lines
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
@@ -80,12 +82,15 @@ class StepResult(NamedTuple):
     micro_cap: int  # the largest micro-batch for the rest of the run (0: none)
 
 
-def sample(r: Run, batch: list[tasks.Example], limit: int) -> Rollout:
+def sample(r: Run, batch: list[tasks.Example], limit: int, what: str = "") -> Rollout:
     """G completions of up to `limit` tokens for each problem of the batch, from the bf16 sampler (seeded by the
-    run's generator)."""
+    run's generator); a rollout that takes long says how far it is, as `what` (rollout.progress_lines)."""
     cfg, tok = r.cfg, r.tok
     prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
-    completions = r.sampler.generate(prompts, cfg.num_generations, r.sampling(limit), r.gen)
+    sampling = r.sampling(limit)
+    if what:
+        sampling = dataclasses.replace(sampling, progress=progress_lines(r.log, what))
+    completions = r.sampler.generate(prompts, cfg.num_generations, sampling, r.gen)
     truncated = [len(c) >= limit and c[-1] not in r.stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
 
@@ -162,7 +167,8 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     while True:
         t = time.time()
         want = refill_size(cfg, n, len(keep), r.world.size) if parts else n
-        part = sample(r, draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], stage.max_new_tokens)
+        part = sample(r, draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], stage.max_new_tokens,
+                      f"  step {p.step + 1}: sampling")
         drawn += want
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
