@@ -173,7 +173,7 @@ def test_format_reward(text, expected):
 
 def test_builtins_take_extra_columns_and_return_floats():
     columns = dict(answer=["1"], prompts=["q"], difficulty=[3], pattern=["1"], nums=[[1]], target=[1],
-                   tests=["check(len('ab'), 2)"])
+                   tests=["check(len('ab'), 2)"], rg_task=["rg:chain_sum"], rg_seed=[0], rg_index=[0])
     for fn in BUILTIN_REWARDS.values():
         out = fn(["#### 1"], **columns)
         assert isinstance(out, list) and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in out), fn

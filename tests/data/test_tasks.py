@@ -158,7 +158,8 @@ def test_load_task_levels():
 @pytest.mark.parametrize("call", [lambda: generate("expert", 3), lambda: load_task("expert")])
 def test_unknown_level_says_what_to_use(call):
     with pytest.raises(TaskError, match="unknown task 'expert': use one of basic, intermediate, advanced, "
-                                        "mix, countdown, code, gsm8k, gsm8k-train, levels joined by '\\+' "
+                                        "mix, countdown, code, gsm8k, gsm8k-train, rg:NAME \\(a reasoning-gym task\\), "
+                                        "levels joined by '\\+' "
                                         "\\(basic\\+intermediate, advanced\\+gsm8k\\), a data file"):
         call()
 
