@@ -33,6 +33,7 @@ demo: install
 # the lossy-link test (tests/train/test_netns.py), otherwise those tests are skipped with the command to install them;
 # llama-cpp-python compiles llama.cpp (~6 minutes on 2 cores, once) for the test that llama.cpp reads our GGUF files
 test: install
+	$(BIN)/python -c "import reasoning_gym" 2>/dev/null || $(BIN)/python -m pip install -q "reasoning-gym==0.1.25" || echo "note: reasoning-gym did not install (its pycosat needs a C compiler): the rg: task tests are skipped"
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || $(BIN)/python -m pip install -q "llama-cpp-python==0.3.36" || echo "note: llama-cpp-python did not build (it needs cmake and a C++ compiler): the llama.cpp test is skipped"
 	test -x $(CHROMIUM) || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends chromium'
 	command -v nft >/dev/null || [ "$$(id -u)" != 0 ] || env DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -q && apt-get install -y -q --no-install-recommends nftables' || echo "note: nftables not installed: the lossy-link test is skipped"

@@ -15,7 +15,7 @@ from cpu_grpo.data.catalogue import reasoning_gym_reward
 from cpu_grpo.data.loaders import load_task
 from cpu_grpo.data.tasks import TaskError
 
-pytest.importorskip("reasoning_gym")  # the `rg` extra (in `dev`: every `make test` has it)
+pytest.importorskip("reasoning_gym")  # the `rg` extra: `make test` installs it where pycosat builds
 
 
 def test_rows_and_a_held_out_split_that_never_meets_training():

@@ -174,7 +174,11 @@ def test_format_reward(text, expected):
 def test_builtins_take_extra_columns_and_return_floats():
     columns = dict(answer=["1"], prompts=["q"], difficulty=[3], pattern=["1"], nums=[[1]], target=[1],
                    tests=["check(len('ab'), 2)"], rg_task=["rg:chain_sum"], rg_seed=[0], rg_index=[0])
-    for fn in BUILTIN_REWARDS.values():
+    import importlib.util
+
+    for name, fn in BUILTIN_REWARDS.items():
+        if name == "reasoning_gym" and importlib.util.find_spec("reasoning_gym") is None:
+            continue  # the `rg` extra, which `make test` installs where it can build
         out = fn(["#### 1"], **columns)
         assert isinstance(out, list) and all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in out), fn
 
