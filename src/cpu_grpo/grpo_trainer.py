@@ -14,6 +14,7 @@ script's, a notebook's) are handed to the loop by name for the run's length.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -110,7 +111,7 @@ class GRPOTrainer:
         self._trained = True
         hooks = _Callbacks(self.callbacks, self.args, cfg.total_steps)
         hooks.call("on_train_begin")
-        given = models.given(self.model_spec, *self._given) if self._given else _nothing()
+        given = models.given(self.model_spec, *self._given) if self._given else contextlib.nullcontext()
         with given, rewards.given(self.functions):
             train(cfg, profile=PROFILE, resume=resume, stop=hooks.stop, hooks=hooks)
         records = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -157,14 +158,6 @@ class GRPOTrainer:
 
 
 KEPT_IN_RUN = ("trainer_state.pt", "train_config.yaml", "STAGE_END", "GOOD", "ewc.pt")
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _model(model, processing_class) -> tuple[str, tuple | None]:
