@@ -119,12 +119,12 @@ def cmd_eval(args) -> int:
 def _eval_examples(args, fmt) -> list:
     """The problems `cpu-grpo eval` scores: the --split of the task's rows (default: the held-out rows when the
     model's run trained on this task, else all), at most --n; one line says how many are rows a run trains on."""
+    from .data.catalogue import is_catalogue
     from .data.generated import GENERATED
     from .data.loaders import load_task
     from .data.tasks import levels_of
 
-    generated = levels_of(args.task) or args.task in GENERATED or args.task.startswith("rg:")  # no end: --n of
-    # them, 250 by default
+    generated = levels_of(args.task) or args.task in GENERATED or is_catalogue(args.task)  # --n, 250 by default
     rows = load_task(args.task, n=(args.n or 250) if generated else None, seed=args.seed, split=None,
                      on_error="skip" if args.skip_bad_lines else "raise", fmt=fmt)
     ran_on = _trained_on(args.model, args.task)
@@ -167,9 +167,8 @@ def _trained_with(model: str, task: str) -> dict:
 
     from .data.loaders import verifier_of
 
-    saved = Path(model) / "train_config.yaml"
-    mine = config_mod.load_file(saved) if saved.is_file() else \
-        {"rewards": [verifier_of(task)]} if verifier_of(task) else {}
+    saved, verifier = Path(model) / "train_config.yaml", verifier_of(task)
+    mine = config_mod.load_file(saved) if saved.is_file() else {"rewards": [verifier]} if verifier else {}
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
               "reward_timeout", "bf16")
     return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
