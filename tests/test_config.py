@@ -18,14 +18,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 def test_defaults_validate():
     cfg = TrainConfig()
     cfg.validate()
-    assert cfg.rewards == ["correctness", "format"] and cfg.reward_weights == [1.0, 0.2]
+    assert cfg.rewards == ["correctness", "correct_format"] and cfg.reward_weights == [1.0, 0.2]
     assert cfg.loss_type == "dapo" and cfg.scale_rewards == "group" and cfg.num_generations == 8
 
 
 def test_list_defaults_are_not_shared():
     a, b = TrainConfig(), TrainConfig()
     a.rewards.append("x")
-    assert b.rewards == ["correctness", "format"]
+    assert b.rewards == ["correctness", "correct_format"]
 
 
 def test_every_field_has_help():
@@ -414,7 +414,7 @@ def test_example_config_file_builds():
 
     example = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
     cfg = build(file=str(example))
-    assert cfg.learning_rate == 2e-5 and cfg.rewards == ["correctness", "format"]
+    assert cfg.learning_rate == 2e-5 and cfg.rewards == ["correctness", "correct_format"]
 
 
 def test_the_config_reference_in_docs_is_up_to_date():

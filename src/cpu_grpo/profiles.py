@@ -5,7 +5,7 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 
 # the 0.5B Qwen with LoRA, asked for the \boxed{} answers it was trained on, scored with DAPO's overlong shaping
 _QWEN_LORA = dict(model="qwen2.5-coder-0.5b", use_lora=True, learning_rate=1e-4, instruction=BOXED_INSTRUCTION,
-                  rewards=["correctness", "format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
+                  rewards=["correctness", "correct_format", "overlong"], reward_weights=[1.0, 0.2, 0.5],
                   max_new_tokens=256, eval_max_new_tokens=256)
 
 # the intermediate stages: 8 prompts a step, problem types drawn by how often they fail, the hardest groups kept

@@ -201,7 +201,7 @@ def test_the_process_runs_the_configuration_the_page_checked_not_the_file_again(
     assert runs.status(run)["state"] == "finished", runs.console_tail(run)
     assert "evil" in (root / "my.yaml").read_text() and not (tmp_path / "EVIL-RAN").exists()
     saved = runs.saved_config(run)  # what the page checked: the profile's rewards, the file's steps
-    assert saved["rewards"] == ["correctness", "format"] and saved["steps"] == 1
+    assert saved["rewards"] == ["correctness", "correct_format"] and saved["steps"] == 1
     log = (run / "console.log").read_text()
     copy = Path(log.split("--config ", 1)[1].split()[0])
     assert copy.name == "train_config.yaml" and not copy.parent.exists() and "evil" not in log

@@ -75,7 +75,7 @@ def test_a_task_brings_its_verifier_as_reward_and_judge():
         assert _trained_with("smollm2-135m", task)["rewards"] == [reward]  # `cpu-grpo eval` of a base model
     mine = {"task": "countdown", "rewards": "answer_tag", "reward_weights": "1"}
     assert config.build("demo", None, mine).rewards == ["answer_tag"]  # rewards you give win
-    assert config.build("demo", None, {"task": "basic"}).rewards == ["correctness", "format"]
+    assert config.build("demo", None, {"task": "basic"}).rewards == ["correctness", "correct_format"]
     assert _trained_with("smollm2-135m", "basic")["rewards"] == ["correctness"]
 
 

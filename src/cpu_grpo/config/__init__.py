@@ -91,7 +91,7 @@ class TrainConfig:
                                         "transformers and vLLM apply it; 1.0: off). The update's log-probs are the "
                                         "model's own, as in TRL")
     # -- rewards
-    rewards: list[str] = _f(["correctness", "format"],
+    rewards: list[str] = _f(["correctness", "correct_format"],
                             "reward functions: builtin names, module:function, file.py:function or a reward "
                             "model's directory; not given, a task that brings its verifier (countdown, code, rg:) "
                             "is rewarded and judged by it alone")
@@ -142,7 +142,7 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping by global norm (0: off)")
     micro_batch_size: int = _f(
         0, "sequences per forward/backward: whole groups when >= num_generations, else parts of a group "
-        "(0: from a 0.75 GB budget for activations)")
+        "(0: from a 2.5 GB budget for activations)")
     bf16: str = _f("true", "bf16 rollouts and bf16 autocast in training: true (wherever the CPU has bf16 kernels) | "
                            "auto (only where they are not clearly slower than its fp32 ones, probed at the start: "
                            "faster there, but see results/demo-dtype) | false (fp32)", const="true")

@@ -112,6 +112,18 @@ def format_reward(completions: Sequence, **kwargs: Any) -> list[float]:
     return [_format_score(completion_text(c)) for c in completions]
 
 
+def correct_format_reward(completions: Sequence, answer: Sequence, **kwargs: Any) -> list[float]:
+    """`format_reward`'s credit where the answer is right (`correctness_reward`), else 0: a format reward that pays
+    nothing the task's answer does not also earn. Paid for a marker alone, the demo model collapsed at one seed to a
+    bare "#### 2" that earns a sure 0.15 (results/demo-dtype, issue 67); here a marked wrong answer earns nothing.
+
+    >>> correct_format_reward(["3 + 4 = 7\\n#### 7", "#### 2", "3 + 4 = 7 so 7"], answer=["7", "7", "7"])
+    [1.0, 0.0, 0.25]
+    """
+    right = correctness_reward(completions, answer)
+    return [f * r for f, r in zip(format_reward(completions), right, strict=True)]
+
+
 def soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> RewardFn:
     """DAPO's overlong reward shaping (TRL's `get_soft_overlong_punishment`): 0 up to `max_completion_len -
     soft_punish_cache` tokens, then falling linearly to -1 at `max_completion_len`, and -1 beyond. It reads the
@@ -135,6 +147,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "correctness": correctness_reward,
     "strict_correctness": strict_correctness_reward,
     "format": format_reward,
+    "correct_format": correct_format_reward,
     # verifiers for tasks of your own (verifiers.py)
     "exact_match": verifiers.exact_match_reward,
     "choice": verifiers.choice_reward,

@@ -135,12 +135,11 @@ def activation_bytes(cfg, prompt_len: int, completion_len: int, rows: int, group
     return rows * row + groups * prompt + (probs if probs <= KEEP_BYTES else 0)
 
 
-# activation bytes a micro-batch may keep: SmolLM2-135M trains parts of a group at the demo's shape, the 0.5B Qwen one
-# sequence at a time. A 2.5 GB budget (whole groups on the 135M, 3-4 sequences on the 0.5B: its update 16% faster)
-# was tried on 2026-11-27 and undone on 11-28: with it the demo learned +18.0 and -13.6 at seeds 0 and 1 on one
-# machine, where the code before it repeats seed 1's +34.0 step for step (results/demo-dtype, issue 49). Set
-# micro_batch_size to have the speed before seeds say it learns alike.
-MICRO_BUDGET = 0.75e9
+# activation bytes a micro-batch may keep: the 0.5B Qwen trains 4 of its 8 samples at once at 256 tokens, 3 at 320
+# (16% faster than one at a time on 2 cores: its prompt runs 2-3 times a group, not 8; at 320 tokens 4 at once peak
+# at 8.15 GiB, 3 at 7.6: bench/README.md, issue 49), SmolLM2-135M whole groups. Undone on 2026-11-28 when a demo
+# seed collapsed under its rounding; back since the format reward stopped paying for a bare marker (issue 67)
+MICRO_BUDGET = 2.5e9
 
 
 def auto_micro_rows(model, prompt_len: int, completion_len: int, num_generations: int,

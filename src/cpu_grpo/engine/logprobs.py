@@ -21,9 +21,8 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
     chunk of positions gets its softmax from the fused kernel (fp32 inside, hidden's dtype out) and
     log p = log softmax[target]: relative precision, so a bf16 probability is within 0.4% (0.004 nats).
     The probabilities are kept for the backward (d logp / d logits = onehot(target) - softmax) while they
-    take at most `keep_bytes`; beyond that the backward recomputes them (one more lm_head matmul). The temperature
-    divides the logits (dividing the hidden states instead is the same math in H/V of the divisions, with other
-    rounding: undone with the 2.5 GB micro-batch, batching.MICRO_BUDGET).
+    take at most `keep_bytes`; beyond that the backward recomputes them (one more lm_head matmul). The
+    temperature divides the hidden states, not the (N, V) logits: (h / T) W^T = (h W^T) / T, in H/V of the divisions.
     """
     h = hidden.reshape(-1, hidden.shape[-1])  # (N*T, H)
     out = _ChunkedLogprob.apply(h, lm_head, targets.reshape(-1), temperature, chunk, keep_bytes)
@@ -33,17 +32,17 @@ def token_logprobs(hidden: Tensor, lm_head: Tensor, targets: Tensor, temperature
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, w: Tensor, tgt: Tensor, temperature: float, chunk: int, keep_bytes: int) -> Tensor:
-        wc = w.to(h.dtype)
+        wc, h = w.to(h.dtype), h / temperature if temperature != 1.0 else h
         keep = h.shape[0] * w.shape[0] * h.element_size() <= keep_bytes
         out = torch.empty(h.shape[0], dtype=torch.float32)
         kept = []
         for i in range(0, h.shape[0], chunk):
-            probs = _softmax(h[i:i + chunk], wc, temperature)  # (chunk, V)
+            probs = (h[i:i + chunk] @ wc.t()).softmax(-1)  # (chunk, V)
             p = probs.gather(-1, tgt[i:i + chunk, None]).squeeze(-1).float()
             out[i:i + chunk] = p.clamp_min(torch.finfo(torch.float32).tiny).log()
             if keep:
                 kept.append(probs)
-        ctx.save_for_backward(h, wc, tgt)
+        ctx.save_for_backward(h, wc, tgt)  # h divided by the temperature
         ctx.kept, ctx.temperature, ctx.chunk, ctx.w_dtype = kept, temperature, chunk, w.dtype
         return out
 
@@ -54,23 +53,18 @@ class _ChunkedLogprob(torch.autograd.Function):
         grad_w = None
         for k, i in enumerate(range(0, h.shape[0], ctx.chunk)):
             hc, gc = h[i:i + ctx.chunk], grad[i:i + ctx.chunk, None].to(h.dtype)
-            probs = ctx.kept[k] if ctx.kept else _softmax(hc, w, ctx.temperature)
+            probs = ctx.kept[k] if ctx.kept else (hc @ w.t()).softmax(-1)
             d = probs.mul_(-gc)  # -softmax * grad, then + onehot * grad (probs are not needed again)
             d.scatter_add_(-1, tgt[i:i + ctx.chunk, None], gc)
-            if ctx.temperature != 1.0:
-                d.div_(ctx.temperature)
-            if grad_h is not None:
+            if grad_h is not None:  # d/dh of (h/T) W^T: W^T / T
                 grad_h[i:i + ctx.chunk] = d @ w
-            if ctx.needs_input_grad[1]:
+            if ctx.needs_input_grad[1]:  # hc is h / T already
                 part = (d.t() @ hc).float()
                 grad_w = part if grad_w is None else grad_w.add_(part)
         ctx.kept = None
+        if grad_h is not None and ctx.temperature != 1.0:
+            grad_h.div_(ctx.temperature)
         return grad_h, grad_w.to(ctx.w_dtype) if grad_w is not None else None, None, None, None, None
-
-
-def _softmax(h: Tensor, w: Tensor, temperature: float) -> Tensor:
-    logits = h @ w.t()
-    return (logits if temperature == 1.0 else logits / temperature).softmax(-1)
 
 
 @torch.no_grad()
