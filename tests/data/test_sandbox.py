@@ -268,6 +268,17 @@ def test_the_code_task_checks_real_solutions():
                        tests=[row.columns["tests"]] * 2) == [1.0, 0.0]
 
 
+def test_no_code_template_fills_the_held_out_set():
+    """Templates are drawn in turn: 200 held-out rows (an evaluation's default) with no template over 20% of them, and
+    none of them among the training rows."""
+    from collections import Counter
+
+    held_out = generated.generate_task("code", 200, seed=0, split="test")
+    counts = Counter(ex.template for ex in held_out)
+    assert len(held_out) == 200 and max(counts.values()) <= 40 and len(counts) == len(generated.CODE_TEMPLATES), counts
+    assert not {ex.question for ex in held_out} & {ex.question for ex in generated.generate_task("code", 1000, seed=0)}
+
+
 def test_the_code_tasks_tests_tell_a_solution_from_a_guess():
     """Every row's five tests: no expected output more than twice (a constant passes at most 2) and at most one
     output equal to its input (returning the input passes at most 1), the partial credit a guess can collect."""
