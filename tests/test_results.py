@@ -100,3 +100,15 @@ def test_links_into_results_resolve():
               if not re.match(r"[a-z]+:", target) and (doc.parent / target).resolve().is_relative_to(R)
               and not (doc.parent / target).exists()]
     assert not broken, broken
+
+
+def test_tasks_table_recomputes_from_the_cards():
+    """results/TASKS.md lists every run of the task suite that has a card, as experiments/tasks_table.py computes
+    it from the card's per-problem files."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tasks_table", ROOT / "experiments" / "tasks_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    printed = (R / "TASKS.md").read_text().split("<!-- tasks table -->")[1].split("<!-- end tasks table -->")[0]
+    assert printed.strip().splitlines() == [*table.HEADER.splitlines(), *table.rows()]

@@ -1,0 +1,57 @@
+"""results/TASKS.md's table, from the task suite's cards (results/task-suite/NAME-seedS/): one row a run.
+
+    python experiments/tasks_table.py          # prints the rows; paste them between TASKS.md's table markers
+
+For each run: the model, the before and after accuracy on the same held-out problems (paired by id), the change
+with its 95% interval and McNemar's exact p, the run's minutes (summary.json's wall time) and peak memory (the
+largest peak RSS its step log recorded). tests/test_results.py recomputes the table and compares it with TASKS.md.
+"""
+
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from cpu_grpo.eval import stats  # noqa: E402
+
+SUITE = ROOT / "results" / "task-suite"
+HEADER = ("| task | seed | model | n | base | after | change (95% CI) | McNemar p | minutes | peak GiB |\n"
+          "|---|---:|---|---:|---:|---:|---|---:|---:|---:|")
+
+
+def correct_by_id(path: Path) -> dict[str, bool]:
+    with gzip.open(path, "rt") as f:
+        return {r["id"]: bool(r["correct"]) for r in map(json.loads, f)}
+
+
+def row(card: Path) -> str:
+    """One table line for one run's card."""
+    name, seed = re.fullmatch(r"(.+)-seed(\d+)", card.name).groups()
+    summary = json.loads((card / "summary.json").read_text())
+    before, after = correct_by_id(card / "eval_before.jsonl.gz"), correct_by_id(card / "eval_after.jsonl.gz")
+    ids = sorted(set(before) & set(after))
+    b, a = [before[i] for i in ids], [after[i] for i in ids]
+    cmp = stats.paired_comparison(b, a)
+    lo, hi = cmp["ci95"]
+    steps = [json.loads(line) for line in (card / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    peak = max(s.get("peak_rss_mb", 0) for s in steps) / 1024
+    change = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
+    if cmp["significant"]:
+        change = f"**{change}**"
+    return (f"| {name} | {seed} | {summary['model']} | {len(ids)} | {100 * sum(b) / len(b):.1f}% | "
+            f"{100 * sum(a) / len(a):.1f}% | {change} | {cmp['p_value']:.2g} | {summary['wall_seconds'] / 60:.0f} | "
+            f"{peak:.1f} |")
+
+
+def rows() -> list[str]:
+    """Every card's line, by task then seed."""
+    cards = [c for c in SUITE.glob("*-seed*") if (c / "summary.json").exists()]
+    return [row(c) for c in sorted(cards, key=lambda c: (c.name.rsplit("-seed", 1)[0], int(c.name.rsplit("seed")[-1])))]
+
+
+if __name__ == "__main__":
+    print(HEADER)
+    print("\n".join(rows()))
