@@ -1,4 +1,4 @@
-"""Make a run's card: the small files that recompute its claims, per the evidence rule in DESIGN.md.
+"""Make a run's card: the small files that recompute its claims.
 
     python experiments/card.py RUN_DIR results/NAME [--raw-at "commit 289024d" --raw-prefix docs/runs/NAME]
 

@@ -1,5 +1,5 @@
-"""Small is enforced (STYLE.md): modules under ~400 lines, functions under ~60 (the training loop too), no import
-circles, and imports between the wings point down (DESIGN.md, Layout)."""
+"""Small is enforced (the team's style guide): modules under ~400 lines, functions under ~60 (the training loop
+too), no import circles, and imports between the wings point down (docs/how-it-works.md, Layout)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Per-token log-probabilities of chosen tokens from hidden states and the output head, in chunks: the (N, T, V)
-log-softmax is never materialised in fp32, forward or backward (DESIGN.md, GRPO precisely)."""
+log-softmax is never materialised in fp32, forward or backward (docs/how-it-works.md)."""
 
 from __future__ import annotations
 
