@@ -18,7 +18,7 @@ DEFAULT = ["default-seed0", "default-seed1", "default-seed2"]  # seeds 0, 1, 2
 
 
 def load(path: Path, renumber_from: int = 0) -> dict[str, bool]:
-    """id -> correct; the GSM8K files of lines 501-1319 are renamed test.jsonl:N as merge.py in their card does."""
+    """id -> correct; the GSM8K files of lines 501-1319 are renamed test.jsonl:N as experiments/gsm8k_merge.py does."""
     with gzip.open(path, "rt") as f:
         records = [json.loads(line) for line in f]
     out = {}

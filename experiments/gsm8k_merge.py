@@ -1,4 +1,5 @@
-"""All 1,319: the first 500 from sessions 27/28's files, lines 501-1319 from this session's (ids renamed)."""
+"""GSM8K's 1,319 test problems for the base, seed-0 and seed-1 models: the first 500 from results/default-gsm8k-first500-*,
+lines 501-1319 from results/default-gsm8k-full (ids renamed test.jsonl:N). Run from the repository root."""
 import gzip, json
 R = "results"  # run from the repository root; writes /tmp/<model>-1319.jsonl
 first = {"base": f"{R}/default-gsm8k-first500-seed1/base.jsonl.gz", "seed0": f"{R}/default-gsm8k-first500-seed0/seed0.jsonl.gz",
