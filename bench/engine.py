@@ -149,6 +149,7 @@ def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = ""
 
 def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fields: dict) -> list[dict]:
     from cpu_grpo.train import runstate, update
+    from cpu_grpo.train.rollout import Rollout
 
     start_mb = _reset_peak()
     base = {"output_dir": "/tmp/bench-engine-default", "learning_rate": 1e-9, **fields}  # the work, not the learning
@@ -168,7 +169,7 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
             t = time.perf_counter()
             comps = run.sampler.generate(prompts, g, run.sampling(new), gen)
             t_roll = time.perf_counter() - t
-            rollout = update.Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps))
+            rollout = Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps))
             adv = torch.randn(len(comps), generator=gen)
             t = time.perf_counter()
             upd = update.update(run, ref, rollout, adv, new)

@@ -164,17 +164,18 @@ def test_a_prompt_too_long_for_the_context_is_found_at_load_with_its_line(tmp_pa
 def test_sampled_accuracy_is_judged_as_the_evaluations_judge():
     """The training log's accuracy: rows of your own by the correct reward scoring 1 (a math reward that finds a
     number in a code completion says nothing), math rows by their answer; with correct_reward, every row by it."""
+    import torch
+
     from cpu_grpo.data.tasks import Example
-    from cpu_grpo.train.step import sampled_correct
-    from cpu_grpo.train.update import Rollout
+    from cpu_grpo.train.rollout import Rollout, Scored, correct
 
     code = Example("Write `f(x)`", "f with {'k': 8}", "code", id="c", columns={"tests": "check(f(1), 8)"}, math=False)
     math = Example("What is 2 + 2?", "4", "basic", id="m")
     texts = ["return 8", "return x * 8", "#### 4", "#### 5"]
     rollout = Rollout([code, math], [[1], [1]], [[1]] * 4, texts, [False] * 4)
     cfg = config.build(None, None, dict(num_generations=2, rewards=["code", "format"], reward_weights=[1, 0.2]))
-    per_fn = {"code_reward": [0.0, 1.0, 0.0, 0.0], "format_reward": [1.0, 1.0, 1.0, 1.0]}
-    assert sampled_correct(cfg, rollout, per_fn) == [False, True, True, False]
+    scored = Scored(torch.zeros(4), {"code_reward": [0.0, 1.0, 0.0, 0.0], "format_reward": [1.0, 1.0, 1.0, 1.0]})
+    assert correct(cfg, rollout, scored) == [False, True, True, False]
     cfg = config.build(None, None, dict(num_generations=2, rewards=["code", "format"], reward_weights=[1, 0.2],
                                         correct_reward="format"))
-    assert sampled_correct(cfg, rollout, per_fn) == [True, True, True, True]
+    assert correct(cfg, rollout, scored) == [True, True, True, True]

@@ -385,8 +385,7 @@ def test_a_step_whose_reward_hangs_ends_within_its_time_limit(slow_file):
 
     from cpu_grpo.config import build
     from cpu_grpo.data.tasks import Example
-    from cpu_grpo.train.step import score
-    from cpu_grpo.train.update import Rollout
+    from cpu_grpo.train.rollout import Rollout, score
 
     cfg = build(None, None, {"rewards": f"{slow_file}:hang_reward,format", "reward_weights": "1,0.5",
                              "reward_timeout": "0.5", "num_generations": 2})
@@ -394,7 +393,8 @@ def test_a_step_whose_reward_hangs_ends_within_its_time_limit(slow_file):
     rollout = Rollout([Example("2 + 2?", "4", "basic", id="q1")], [[1, 2]], [[3], [4]], ["2 + 2 = 4\n#### 4", "no"],
                       [False, False])
     lines, t0 = [], time.monotonic()
-    total, per_fn = score(cfg, [load_reward(spec) for spec in cfg.rewards], rollout, lines.append)
+    scored = score(cfg, [load_reward(spec) for spec in cfg.rewards], rollout, lines.append)
+    total, per_fn = scored.total, scored.per_fn
     assert time.monotonic() - t0 < 5 and len(lines) == 1 and "hang_reward ran past its limit of 0.5 s" in lines[0]
     assert per_fn == {"hang_reward": [0.0, 0.0], "format_reward": [1.0, 0.0]} and total.tolist() == [0.5, 0.0]
 

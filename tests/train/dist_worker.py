@@ -19,6 +19,7 @@ from cpu_grpo.data import tasks
 from cpu_grpo.train import distributed, runstate, update
 from cpu_grpo.train import loop as train_mod
 from cpu_grpo.train.grpo import group_advantages
+from cpu_grpo.train.rollout import Rollout
 
 
 def grads(model: str, out: Path) -> None:
@@ -34,7 +35,7 @@ def grads(model: str, out: Path) -> None:
     rewards = torch.rand(b * g, generator=gen)
     rewards[g:2 * g] = 0.5  # one all-equal group: skipped on its rank
     batch = [tasks.Example(f"question {i}", "1", "basic", id=f"q{i}") for i in range(b)]
-    rollout = update.Rollout(batch, prompts, completions, [""] * (b * g), [False] * (b * g))
+    rollout = Rollout(batch, prompts, completions, [""] * (b * g), [False] * (b * g))
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         cfg = config.build(None, None, dict(model=model, loss_type=loss_type, learning_rate=1e-30, max_grad_norm=0,
                                             num_generations=g, prompts_per_step=b, max_new_tokens=9, bf16=False,

@@ -17,6 +17,7 @@ from cpu_grpo.rundir import read_jsonl, stage_eval_path
 from cpu_grpo.train import checkpoint, curriculum
 from cpu_grpo.train import loop as train_mod
 from cpu_grpo.train import step as step_mod
+from cpu_grpo.train.ewc import EWC, EWC_FILE, fisher_diagonal
 from cpu_grpo.train.loop import train
 
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
 def test_fisher_is_the_mean_squared_gradient_normalised_to_mean_one():
     m = Linear1([0.5, -1.0, 2.0])
     xs = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
-    fisher = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
+    fisher = fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
     # d/dw (w . x_i) = x_i; mean of squares = [(1+9)/2, 4/2, 0] = [5, 2, 0]; its mean is 7/3 -> [15/7, 6/7, 0]
     assert torch.allclose(fisher["w"], torch.tensor([15 / 7, 6 / 7, 0.0]), atol=1e-6)
     assert m.w.grad is None
@@ -39,7 +40,7 @@ def test_fisher_is_the_mean_squared_gradient_normalised_to_mean_one():
 
 def test_ewc_over_two_stages_equals_the_sum_of_both_penalties():
     m = Linear1([0.0, 0.0, 0.0])
-    ewc = curriculum.EWC()
+    ewc = EWC()
     f1, a1 = torch.tensor([1.0, 2.0, 0.0]), torch.tensor([1.0, -1.0, 3.0])
     f2, a2 = torch.tensor([3.0, 0.0, 0.5]), torch.tensor([2.0, 5.0, -1.0])
     ewc.add_stage("s1", {"w": f1}, {"w": a1})
@@ -60,19 +61,19 @@ def test_ewc_over_two_stages_equals_the_sum_of_both_penalties():
 
 def test_ewc_is_zero_at_its_anchor_and_when_off(tmp_path):
     m = Linear1([1.0, 2.0])
-    ewc = curriculum.EWC()
+    ewc = EWC()
     ewc.add_stage("s1", {"w": torch.tensor([1.0, 1.0])}, {"w": m.w})
     assert ewc.apply(m, 5.0) == pytest.approx((0.0, 0.0)) and torch.equal(m.w.grad, torch.zeros(2))
     m.w.grad = None
     assert ewc.apply(m, 0.0) == (0.0, 0.0) and m.w.grad is None
     ewc.save(tmp_path / "e.safetensors")
-    back = curriculum.EWC.load(tmp_path / "e.safetensors")
+    back = EWC.load(tmp_path / "e.safetensors")
     assert back.stages == ["s1"] and torch.equal(back.fisher["w"], ewc.fisher["w"]) and back.const == ewc.const
 
 
 def test_decoupled_ewc_pulls_each_weight_by_lr_lambda_fisher():
     m = Linear1([1.0, 1.0, 1.0])
-    ewc = curriculum.EWC()
+    ewc = EWC()
     ewc.add_stage("s1", {"w": torch.tensor([2.0, 0.01, 0.0])}, {"w": torch.zeros(3)})
     assert ewc.apply(m, 100.0, grad=False)[0] == pytest.approx(50 * 2.01) and m.w.grad is None
     ewc.pull(m, 100.0, lr=0.01)  # rates min(1, 0.01 * 100 * F) = 1, 0.01, 0
@@ -87,7 +88,7 @@ def test_a_clipped_gradient_penalty_stops_depending_on_lambda_and_the_decoupled_
     on their anchor; the one with Fisher 0 moves in both."""
     def weights(lam: float, decoupled: bool) -> list[float]:
         m = Linear1([0.0, 0.0, 0.0])
-        ewc = curriculum.EWC()
+        ewc = EWC()
         ewc.add_stage("s1", {"w": torch.tensor([1.0, 0.01, 0.0])}, {"w": torch.zeros(3)})
         opt = torch.optim.Adam(m.parameters(), lr=0.01)
         for _ in range(30):
@@ -131,7 +132,7 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     kept = [c for c in checkpoint.complete(out / "checkpoints") if c.name != (good[-1] if good else "")]
     assert [c.name for c in kept] == ["step-000003", "step-000006"] and len(good) <= 2
     assert (kept[0] / checkpoint.STAGE_FILE).read_text().strip() == "basic"
-    ewc = load_file(kept[0] / curriculum.EWC_FILE)
+    ewc = load_file(kept[0] / EWC_FILE)
     assert {k.split(".", 1)[0] for k in ewc} == {"fisher", "anchor"}
     # the forgetting matrix: base and one row per stage, both levels evaluated each time
     matrix = json.loads((out / "forgetting.json").read_text())
@@ -151,7 +152,7 @@ def test_the_fisher_leaves_the_draws_alone(tiny_model, tmp_path, reward_file):
         train(stage_cfg(tiny_model, tmp_path / name, reward_file, ewc_lambda=lam, eval_size=0), log=lambda *a: None)
         groups = read_jsonl(tmp_path / name / "groups.jsonl")
         runs.append([(g["step"], g["question"], g["completions"]) for g in groups])
-    assert (tmp_path / "on" / "checkpoints" / "step-000003" / curriculum.EWC_FILE).exists()  # the Fisher was sampled
+    assert (tmp_path / "on" / "checkpoints" / "step-000003" / EWC_FILE).exists()  # the Fisher was sampled
     assert sorted({s for s, *_ in runs[0]}) == [1, 2, 3, 4, 5, 6]
     assert runs[1] == runs[0]
 
@@ -177,9 +178,9 @@ def test_fisher_shared_among_processes_adds_up_to_the_whole():
             for t, a, b in zip(tensors, *parts, strict=True):
                 t.copy_(a + b)
 
-    curriculum.fisher_diagonal(m, lambda i: (m.w * xs[0]).sum(), 2, 1, hold)
-    shared = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[1]).sum(), 2, 1, hold)
-    whole = curriculum.fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
+    fisher_diagonal(m, lambda i: (m.w * xs[0]).sum(), 2, 1, hold)
+    shared = fisher_diagonal(m, lambda i: (m.w * xs[1]).sum(), 2, 1, hold)
+    whole = fisher_diagonal(m, lambda i: (m.w * xs[i]).sum(), 2)
     assert torch.allclose(shared["w"], whole["w"], atol=1e-6)
 
 
@@ -198,7 +199,7 @@ def test_ewc_holds_the_weights_that_mattered_for_the_first_stage(tiny_model, tmp
     kw = dict(stages=["basic:3", "intermediate:8"], steps=11, eval_size=0, save_every=0, fisher_samples=6)
     train(stage_cfg(tiny_model, free, reward_file, ewc_lambda=0.0, **kw), log=lambda *a: None)
     train(stage_cfg(tiny_model, held, reward_file, ewc_lambda=1e4, **kw), log=lambda *a: None)
-    ewc = curriculum.EWC.load(held / "checkpoints" / "step-000003" / curriculum.EWC_FILE)
+    ewc = EWC.load(held / "checkpoints" / "step-000003" / EWC_FILE)
     assert weighted_drift(held, ewc.fisher) < 0.25 * weighted_drift(free, ewc.fisher)
 
 
@@ -225,7 +226,7 @@ def test_a_finished_run_extended_by_a_stage_anchors_its_old_last_stage(tiny_mode
     penalty = [m["ewc_penalty"] for m in read_jsonl(out / "metrics.jsonl")]
     assert penalty[-1] > 0 and penalty == pytest.approx([m["ewc_penalty"] for m in read_jsonl(fresh / "metrics.jsonl")])
     last = checkpoint.complete(out / "checkpoints")[-1]
-    assert curriculum.EWC.load(last / curriculum.EWC_FILE).stages == ["basic"]
+    assert EWC.load(last / EWC_FILE).stages == ["basic"]
 
 
 def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file, monkeypatch):
@@ -376,7 +377,7 @@ def test_ewc_with_lora_covers_only_the_adapters(tiny_model, tmp_path, reward_fil
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file, use_lora=True, lora_r=4, lora_alpha=8, eval_size=0,
                     stages=["basic:2", "intermediate:2"], steps=4), log=lambda *a: None)
-    ewc = curriculum.EWC.load(out / "checkpoints" / "step-000002" / curriculum.EWC_FILE)
+    ewc = EWC.load(out / "checkpoints" / "step-000002" / EWC_FILE)
     assert ewc.fisher and all("lora_" in k for k in ewc.fisher)
     assert read_jsonl(out / "metrics.jsonl")[-1]["ewc_penalty"] > 0
 

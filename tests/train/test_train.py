@@ -187,24 +187,27 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 def test_truncated_completions_earn_no_credit_unless_asked():
     from cpu_grpo.data.rewards import RewardError, correctness_reward, format_reward, load_reward
     from cpu_grpo.data.tasks import Example
-    from cpu_grpo.train.step import Rollout, score
+    from cpu_grpo.train.rollout import Rollout, score
 
     batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]
     spam = "Elif has 42 + 28 = 70 lollipops\n#### 70\n#### \n#### \n#### "  # cut at the limit: no end
     ended = "42 + 28 = 70\n#### 70"
     rollout = Rollout(batch, [[1]], [[2] * 96, [2, 3]], [spam, ended], [True, False])
     cfg = config.build(None, None, dict(num_generations=2))
-    total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
+    scored = score(cfg, [correctness_reward, format_reward], rollout)
+    total, per_fn = scored.total, scored.per_fn
     assert per_fn == {"correctness_reward": [0.0, 1.0], "format_reward": [0.0, 1.0]}
     assert total.tolist() == pytest.approx([0.0, 1.2])
     # a penalty is no credit: the overlong shaping keeps its -1 on the completion cut at the limit of 96
     cfg = config.build(None, None, dict(num_generations=2, max_new_tokens=96, rewards=["correctness", "overlong"],
                                         reward_weights=[1.0, 0.5]))
-    total, per_fn = score(cfg, [correctness_reward, load_reward("overlong", 96)], rollout)
+    scored = score(cfg, [correctness_reward, load_reward("overlong", 96)], rollout)
+    total, per_fn = scored.total, scored.per_fn
     assert per_fn == {"correctness_reward": [0.0, 1.0], "overlong_reward": [-1.0, 0.0]}
     assert total.tolist() == pytest.approx([-0.5, 1.0])
     cfg = config.build(None, None, dict(num_generations=2, score_truncated=True))
-    total, per_fn = score(cfg, [correctness_reward, format_reward], rollout)
+    scored = score(cfg, [correctness_reward, format_reward], rollout)
+    total, per_fn = scored.total, scored.per_fn
     assert per_fn == {"correctness_reward": [1.0, 1.0], "format_reward": [0.75, 1.0]}
 
     def short(completions, **kw):

@@ -200,7 +200,7 @@ def _run_stage(r: Run, p: Progress, ref, reward_fns, k: int, stage, n_stages: in
         step = grpo_step(r, p, stage, ref, reward_fns, draw, stop)
         if step is None:
             break
-        counts = priority.count(p.type_counts, step.rollout.batch, next(iter(step.per_fn.values()))) \
+        counts = priority.count(p.type_counts, step.rollout.batch, step.scored.first) \
             if priority else p.type_counts
         # ---------------------------------------------------------------- the run's progress: here alone
         p = dataclasses.replace(p, step=p.step + 1, stage_step=p.stage_step + 1, data_pos=p.data_pos + step.drawn,

@@ -19,7 +19,7 @@ from ..engine.rollout import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError
 from ..machine.doctor import bf16_wanted
 from ..rundir import cut_jsonl, read_jsonl
-from . import checkpoint, curriculum
+from . import checkpoint, ewc
 from .distributed import SINGLE, World
 
 RANK_SEED = 7919  # rank r samples with seed + RANK_SEED * r
@@ -131,7 +131,7 @@ class Run:
     autocast: bool
     log: object
     world: World = SINGLE  # this process's rank among the data-parallel ranks (one process: SINGLE)
-    ewc: curriculum.EWC = field(default_factory=curriculum.EWC)
+    ewc: ewc.EWC = field(default_factory=ewc.EWC)
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
     saved: object = field(default=lambda path: None, repr=False)  # told of each checkpoint written (rank 0)
 
@@ -198,8 +198,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
         sched.load_state_dict(state["scheduler"])
         _restore_rng(run, state)
         progress = Progress.restored(state, run_dir)
-        if (ckpt / curriculum.EWC_FILE).exists():
-            run.ewc = curriculum.EWC.load(ckpt / curriculum.EWC_FILE)
+        if (ckpt / ewc.EWC_FILE).exists():
+            run.ewc = ewc.EWC.load(ckpt / ewc.EWC_FILE)
         log(f"resumed from {ckpt} at step {progress.step} (stage {progress.stage_index + 1}, step "
             f"{progress.stage_step} in it)")
     # records of steps after the checkpoint (all of them before a first one) are logged again as the steps rerun;
@@ -235,7 +235,7 @@ def save_checkpoint(r: Run, p: Progress, tag: str = "") -> None:
         return
     state = {"optimizer": r.opt.state_dict(), "scheduler": r.sched.state_dict(), "rng": rngs[0], "rng_ranks": rngs,
              "progress": asdict(p)}
-    extra = (lambda d: r.ewc.save(d / curriculum.EWC_FILE)) if r.ewc.fisher else None
+    extra = (lambda d: r.ewc.save(d / ewc.EWC_FILE)) if r.ewc.fisher else None
     try:
         path = checkpoint.save(r.dir, p.step, r.model, r.tok, r.cfg, state, keep=r.cfg.keep_checkpoints, tag=tag,
                                extra=extra)

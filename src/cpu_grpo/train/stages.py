@@ -19,7 +19,7 @@ from ..engine.rollout import progress_lines
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
-from . import curriculum
+from . import curriculum, ewc
 from .runstate import RANK_SEED, Progress, Run, lr_factor, save_checkpoint
 
 FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
@@ -144,7 +144,7 @@ def estimate_fisher(r: Run, p: Progress, k: int, stage: Stage, data: list[tasks.
             tick(i, len(batch))
         return (logp * mask).sum()
 
-    return curriculum.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
+    return ewc.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
 
 
 def finish_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int, eval_set, data, order,
@@ -181,7 +181,7 @@ def finish_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int, eval_
 def add_fisher(r: Run, p: Progress, k: int, stage: Stage, data, order) -> dict:
     """Anchor EWC at stage k's end: its Fisher diagonal and the weights now."""
     t0 = time.time()
-    r.ewc.add_stage(stage.name, estimate_fisher(r, p, k, stage, data, order), dict(curriculum.trainable(r.model)))
+    r.ewc.add_stage(stage.name, estimate_fisher(r, p, k, stage, data, order), dict(ewc.trainable(r.model)))
     seconds = round(time.time() - t0, 1)
     r.log(f"Fisher diagonal of stage '{stage.name}' from {r.cfg.fisher_samples} samples in {seconds:.0f}s")
     return {"fisher_samples": r.cfg.fisher_samples, "fisher_seconds": seconds}

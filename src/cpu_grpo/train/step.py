@@ -26,7 +26,6 @@ The run around the step (stages, evaluations, resume, stop, report) is train.py.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,15 +35,14 @@ import torch
 
 from ..config import TrainConfig
 from ..config.stages import Stage
-from ..data import rewards, tasks
-from ..engine.prompts import encode_prompts
-from ..engine.rollout import progress_lines
+from ..data import rewards
 from ..machine.allocator import peak_rss_mb, rss_mb
 from ..rundir import append_jsonl
 from . import checkpoint
 from .grpo import decoupled_rewards, group_advantages, max_variance
+from .rollout import Rollout, Scored, correct, gathered, sample, score
 from .runstate import Progress, Run, TrainingError
-from .update import Rollout, Update, check_update, update
+from .update import Update, check_update, update
 
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
 
@@ -66,15 +64,13 @@ class StopFlag:
 
 
 class StepResult(NamedTuple):
-    """One GRPO step over every group sampled: its metrics.jsonl record, the rollout (B groups of G: N = B*G), the
-    weighted total reward (N,), each reward function's values (N each) and the advantages (N,) (0 for groups not
-    trained); the problems it drew from the stage's order, and the run's guard counters after it (the loop puts
-    them in its Progress)."""
+    """One GRPO step over every group sampled: its metrics.jsonl record, the rollout (B groups of G: N = B*G), its
+    rewards and the advantages (N,) (0 for groups not trained); the problems it drew from the stage's order, and the
+    run's guard counters after it (the loop puts them in its Progress)."""
 
     record: dict
     rollout: Rollout
-    total: torch.Tensor
-    per_fn: dict[str, list[float]]
+    scored: Scored
     adv: torch.Tensor
     drawn: int
     all_equal_steps: int  # steps in a row in which every group's rewards were all equal
@@ -82,17 +78,15 @@ class StepResult(NamedTuple):
     micro_cap: int  # the largest micro-batch for the rest of the run (0: none)
 
 
-def sample(r: Run, batch: list[tasks.Example], limit: int, what: str = "") -> Rollout:
-    """G completions of up to `limit` tokens for each problem of the batch, from the bf16 sampler (seeded by the
-    run's generator); a rollout that takes long says how far it is, as `what` (rollout.progress_lines)."""
-    cfg, tok = r.cfg, r.tok
-    prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
-    sampling = r.sampling(limit)
-    if what:
-        sampling = dataclasses.replace(sampling, progress=progress_lines(r.log, what))
-    completions = r.sampler.generate(prompts, cfg.num_generations, sampling, r.gen)
-    truncated = [len(c) >= limit and c[-1] not in r.stops for c in completions]
-    return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
+class Sampled(NamedTuple):
+    """A step's sampling: every group sampled (all ranks'), scored; the groups the update trains; the problems drawn
+    from the stage's order and the rollout batches it took."""
+
+    rollout: Rollout
+    scored: Scored
+    keep: list[int]
+    drawn: int
+    batches: int
 
 
 def refill_size(cfg: TrainConfig, n: int, found: int, ranks: int = 1) -> int:
@@ -120,29 +114,6 @@ def teaching(cfg: TrainConfig, stage: Stage, per_fn: dict[str, list[float]]) -> 
     return varies[:n]
 
 
-def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) -> tuple[torch.Tensor, dict]:
-    """Every reward function on the completions: the weighted total (N,) and each function's values. Each call may
-    take `reward_timeout` seconds (then it scores 0); `stop()` turning true interrupts it (rewards.RewardStopped).
-
-    A completion cut at the length limit earns no credit (its positive rewards count as 0; penalties such as
-    `overlong` stay) unless `score_truncated`: otherwise a model can write its answer and then anything until the
-    limit (`#### 70` and bare `####` lines) and be paid for it.
-    """
-    g, batch = cfg.num_generations, rollout.batch
-    columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions}
-    ids = [ex.id for ex in batch for _ in range(g)]
-    completions = rewards.as_completions(rollout.texts, batch, g)
-    per_fn = {}
-    for fn in reward_fns:
-        values = rewards.call_reward(fn, completions, columns, ids, log, cfg.reward_timeout, stop)
-        per_fn[fn.__name__] = [min(v, 0.0) if cut and not cfg.score_truncated else v
-                               for v, cut in zip(values, rollout.truncated, strict=True)]
-    total = torch.zeros(len(rollout.texts))
-    for w, values in zip(cfg.reward_weights, per_fn.values(), strict=True):
-        total += w * torch.tensor(values).nan_to_num(0.0)
-    return total, per_fn
-
-
 def advantages(cfg: TrainConfig, total: torch.Tensor, per_fn: dict[str, list[float]], rows: torch.Tensor,
                g: int) -> tuple[torch.Tensor, dict]:
     """The advantages of the completions `rows` (whole groups of g) and their stats: of the weighted total reward
@@ -160,34 +131,16 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     sampled, or None when a stop was requested during sampling or a reward function (the rollout is discarded: the
     last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
-    t0, n = time.time(), stage.prompts_per_step
-    # ---------------------------------------------------------------- sample (this rank's share of the groups)
-    # and reward (the whole batch); with dynamic sampling, again until n groups teach something
-    drawn, parts, keep = 0, [], []
-    while True:
-        t = time.time()
-        want = refill_size(cfg, n, len(keep), r.world.size) if parts else n
-        part = sample(r, draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], stage.max_new_tokens,
-                      f"  step {p.step + 1}: sampling")
-        drawn += want
-        times["rollout"] += time.time() - t
-        if stop_agreed(r, stop):
-            return None
-        t = time.time()
-        try:  # one process: a stop interrupts a reward function that hangs (ranks wait for its time limit)
-            scored = score(cfg, reward_fns, part, r.log, (lambda: stop.requested) if r.world.size == 1 else None)
-        except rewards.RewardStopped:  # the rollout is discarded, as in sampling
-            return None
-        parts.append(_gathered(r, part, *scored))
-        times["scoring"] += time.time() - t
-        rollout = sum((p[0] for p in parts[1:]), parts[0][0])
-        total = torch.cat([p[1] for p in parts])
-        per_fn = {k: [v for p in parts for v in p[2][k]] for k in parts[0][2]}
-        keep = teaching(cfg, stage, per_fn)
-        if len(keep) >= n or len(parts) >= max(1, cfg.dynamic_sampling):
-            break
+    t0 = time.time()
+    # ---------------------------------------------------------------- sample and score
+    s = sample_and_score(r, p, stage, reward_fns, draw, stop, times)
+    if s is None:
+        return None
+    rollout, scored, keep = s.rollout, s.scored, s.keep
     r.sampler.release()  # its memory goes to the update's activations; refresh() brings it back
+    right = correct(cfg, rollout, scored)  # as the evaluations judge it
     # ---------------------------------------------------------------- advantage (within each group)
+    total, per_fn = scored.total, scored.per_fn
     _, adv_stats = advantages(cfg, total, per_fn, torch.arange(len(total)), g)  # of every group sampled
     m = cfg.train_samples or g  # of each kept group, the samples trained (PODS: the widest spread of rewards)
     picks = [max_variance(total[i * g:(i + 1) * g], m) for i in keep]
@@ -195,19 +148,44 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     adv = torch.zeros_like(total)  # a group or sample left out is not trained: 0 in groups.jsonl
     if keep:
         adv[rows] = advantages(cfg, total, per_fn, rows, m)[0]
-    solved = all(sampled_correct(cfg, rollout, per_fn))
-    all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], solved, r.log)
+    all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], all(right), r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
     upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
     bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
-    record = _record(r, p, drawn, rollout, total, per_fn, adv_stats, upd, dict(zip(keep, picks, strict=True)),
-                     (t0, times, t2, time.time()))
-    record |= {"sample_batches": len(parts), "groups": len(rollout.batch)}
+    record = _record(r, p, s, right, adv_stats, upd, dict(zip(keep, picks, strict=True)), (t0, times, t2, time.time()))
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
-    return StepResult(record, rollout, total, per_fn, adv, drawn, all_equal, bad, upd.micro_cap)
+    return StepResult(record, rollout, scored, adv, s.drawn, all_equal, bad, upd.micro_cap)
+
+
+def sample_and_score(r: Run, p: Progress, stage: Stage, reward_fns, draw, stop: StopFlag,
+                     times: dict) -> Sampled | None:
+    """This rank's share of the step's groups sampled, the whole batch scored; with dynamic sampling, again until
+    stage.prompts_per_step groups teach something. None when a stop was requested (the rollout is discarded)."""
+    cfg, n = r.cfg, stage.prompts_per_step
+    drawn, batches, keep, rollout, scored = 0, 0, [], None, None
+    while not batches or len(keep) < n and batches < max(1, cfg.dynamic_sampling):
+        t = time.time()
+        want = refill_size(cfg, n, len(keep), r.world.size) if batches else n
+        part = sample(cfg, r.tok, r.sampler, r.sampling(stage.max_new_tokens), r.gen,
+                      draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], r.log,
+                      f"  step {p.step + 1}: sampling")
+        drawn, batches = drawn + want, batches + 1
+        times["rollout"] += time.time() - t
+        if stop_agreed(r, stop):
+            return None
+        t = time.time()
+        try:  # one process: a stop interrupts a reward function that hangs (ranks wait for its time limit)
+            mine = score(cfg, reward_fns, part, r.log, (lambda: stop.requested) if r.world.size == 1 else None)
+        except rewards.RewardStopped:  # the rollout is discarded, as in sampling
+            return None
+        part, mine = gathered(r.world, part, mine)
+        rollout, scored = (part, mine) if rollout is None else (rollout + part, scored + mine)
+        times["scoring"] += time.time() - t
+        keep = teaching(cfg, stage, scored.per_fn)
+    return Sampled(rollout, scored, keep, drawn, batches)
 
 
 def stop_agreed(r: Run, stop: StopFlag) -> bool:
@@ -216,47 +194,19 @@ def stop_agreed(r: Run, stop: StopFlag) -> bool:
     return stop.requested
 
 
-def _gathered(r: Run, rollout: Rollout, total: torch.Tensor, per_fn: dict) -> tuple[Rollout, torch.Tensor, dict]:
-    """Every rank's groups back in the step's prompt order (one process: as they are)."""
-    if r.world.size == 1:
-        return rollout, total, per_fn
-    g = r.cfg.num_generations
-    mine = [(ex, p, rollout.completions[i * g:(i + 1) * g], rollout.texts[i * g:(i + 1) * g],
-             rollout.truncated[i * g:(i + 1) * g], total[i * g:(i + 1) * g].tolist(),
-             {k: v[i * g:(i + 1) * g] for k, v in per_fn.items()})
-            for i, (ex, p) in enumerate(zip(rollout.batch, rollout.prompts, strict=True))]
-    whole = r.world.interleave(mine)
-
-    def flat(j: int) -> list:
-        return [x for group in whole for x in group[j]]
-
-    return (Rollout([x[0] for x in whole], [x[1] for x in whole], flat(2), flat(3), flat(4)), torch.tensor(flat(5)),
-            {k: [x for group in whole for x in group[6][k]] for k in per_fn})
-
-
-def sampled_correct(cfg: TrainConfig, rollout: Rollout, per_fn: dict) -> list[bool]:
-    """Whether each sampled completion is correct as the evaluations judge it (eval.evaluate.Judge): a math row by
-    its extracted answer (unless `correct_reward` is set), any other row by the correct reward (`correct_reward`,
-    else the first) scoring 1, as scored (a completion cut at the limit earns nothing from it)."""
-    g = cfg.num_generations
-    judged = list(per_fn.values())[cfg.rewards.index(cfg.correct_reward) if cfg.correct_reward else 0]
-    by_answer = rewards.correctness_reward(rollout.texts, [ex.answer for ex in rollout.batch for _ in range(g)])
-    return [bool(a) if ex.math and not cfg.correct_reward else v == 1.0
-            for i, (a, v) in enumerate(zip(by_answer, judged, strict=True)) for ex in [rollout.batch[i // g]]]
-
-
-def _record(r: Run, p: Progress, drawn: int, rollout: Rollout, total, per_fn: dict, adv_stats: dict, upd: Update,
+def _record(r: Run, p: Progress, s: Sampled, right: list[bool], adv_stats: dict, upd: Update,
             picks: dict[int, list[int]], times) -> dict:
-    """The line of metrics.jsonl of the step after `p` that drew `drawn` problems, whose update trained the samples
-    `picks[i]` of each group i it trained (TRL's names for the trackers are in trackers.TRL_NAMES)."""
+    """The line of metrics.jsonl of the step after `p`, whose update trained the samples `picks[i]` of each group i
+    it trained (TRL's names for the trackers are in trackers.TRL_NAMES)."""
     cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
+    rollout, total, per_fn = s.rollout, s.scored.total, s.scored.per_fn
     n, c_tokens = len(rollout.completions), sum(len(c) for c in rollout.completions)
     trained = sum(len(rollout.prompts[i]) * len(picks[i]) + sum(len(rollout.completions[i * g + j]) for j in picks[i])
                   for i in upd.groups)  # a sequence's tokens: its prompt's and its completion's
     return {
         "step": p.step + 1, "stage_step": p.stage_step + 1, "loss": upd.sums["loss"], "reward": total.mean().item(),
         **{f"reward/{key}": float(torch.tensor(v).nanmean()) for key, v in per_fn.items()},
-        "accuracy": sum(sampled_correct(cfg, rollout, per_fn)) / n,
+        "accuracy": sum(right) / n,
         "kl": upd.sums["kl_sum"] / max(1, c_tokens) if cfg.beta > 0 else math.nan,
         "ewc_penalty": upd.sums["ewc_penalty"], "ewc_grad_norm": upd.sums["ewc_grad_norm"],
         "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
@@ -266,7 +216,8 @@ def _record(r: Run, p: Progress, drawn: int, rollout: Rollout, total, per_fn: di
         "time_rollout": phases["rollout"], "time_scoring": phases["scoring"], "time_update": t3 - t2,
         "step_seconds": t3 - t0, "rollout_tok_s": c_tokens / max(phases["rollout"], 1e-9),
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
-        "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": p.data_pos + drawn,
+        "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": p.data_pos + s.drawn,
+        "sample_batches": s.batches, "groups": len(rollout.batch),
     }
 
 
@@ -305,7 +256,8 @@ def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, sol
 def log_groups(r: Run, n: int, stage: str, step: StepResult, tracker) -> None:
     """Every group of step `n`, for inspection: prompt, G completions, rewards per function, advantages; and every
     `log_completions_every` steps a table of them for the report_to trackers."""
-    g, rollout, total, per_fn, adv = r.cfg.num_generations, step.rollout, step.total, step.per_fn, step.adv
+    g, rollout, adv = r.cfg.num_generations, step.rollout, step.adv
+    total, per_fn = step.scored.total, step.scored.per_fn
     for i, ex in enumerate(rollout.batch):
         sl = slice(i * g, (i + 1) * g)
         append_jsonl(r.dir / "groups.jsonl", {

@@ -7,46 +7,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from ..data import tasks
 from ..engine.batching import SharedPrompts, auto_micro_rows, group_logprobs, micro_batches
 from .grpo import grpo_loss, high_entropy
+from .rollout import Rollout
 from .runstate import Progress, Run, TrainingError
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 EXPLODED = 1e4  # a gradient norm (before clipping) past which an update is said to have exploded
-
-
-@dataclass
-class Rollout:
-    """One step's samples: B problems, their prompts and G completions each, group-major (row i*G+j)."""
-
-    batch: list[tasks.Example]
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    texts: list[str]
-    truncated: list[bool]  # cut at the length limit before the model ended it
-
-    @property
-    def group_size(self) -> int:
-        """Completions a problem (0 for no problems)."""
-        return len(self.completions) // len(self.batch) if self.batch else 0
-
-    def groups(self, idx: list[int], g: int, samples: list[list[int]] | None = None) -> Rollout:
-        """The groups `idx` (in that order) as a rollout of their own; of each, the `samples` given (all g by
-        default, the same number for every group)."""
-        rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
-        return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
-                       [self.completions[k] for k in rows], [self.texts[k] for k in rows],
-                       [self.truncated[k] for k in rows])
-
-    def __add__(self, other: Rollout) -> Rollout:
-        return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
-                       self.texts + other.texts, self.truncated + other.truncated)
 
 
 class Update(NamedTuple):
@@ -154,7 +125,7 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
         shared.close()
     if any_rank:
         r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
-    # EWC: lambda * F * (theta - anchor) joins the policy gradient (curriculum.EWC), once, after the sum;
+    # EWC: lambda * F * (theta - anchor) joins the policy gradient (ewc.EWC), once, after the sum;
     # decoupled, it pulls the weights back after the optimizer step instead
     sums["ewc_penalty"], sums["ewc_grad_norm"] = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
     if not (any_rank or r.ewc.fisher and cfg.ewc_lambda):
