@@ -172,7 +172,7 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
             rollout = Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps))
             adv = torch.randn(len(comps), generator=gen)
             t = time.perf_counter()
-            upd = update.update(run, ref, rollout, adv, new)
+            upd = update.update(run, ref, rollout, adv, new, cfg.learning_rate)
             t_train = time.perf_counter() - t
             if r:
                 lim_roll, lim_train = limits(shapes, machine, prompts, comps, lora=cfg.use_lora)

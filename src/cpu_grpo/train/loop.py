@@ -165,7 +165,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
             if k > p.stage_index:
                 p = dataclasses.replace(p, stage_index=k, stage_step=0, data_pos=0, type_counts={}, validation=None,
                                         stage_ended=False)
-            train_set, order = enter_stage(r, p, k, stage, len(stages))
+            train_set, order = enter_stage(r, k, stage, len(stages))
             reward_fns = [rewards.load_reward(spec, stage.max_new_tokens) for spec in cfg.rewards]  # `overlong`
             p = _run_stage(r, p, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
             if stop_agreed(r, stop):

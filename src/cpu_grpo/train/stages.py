@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
 from . import curriculum, ewc
-from .runstate import RANK_SEED, Progress, Run, lr_factor, save_checkpoint
+from .runstate import RANK_SEED, Progress, Run, save_checkpoint
 
 FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
 
@@ -89,16 +89,12 @@ def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[ta
     return [ex for ex in data if ex.id not in ids]
 
 
-def enter_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
-    """The stage's training problems and their order; its learning rate from the stage's first step (at `p`)."""
+def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
+    """The stage's training problems and their order."""
     cfg = r.cfg
     data = fitting(r, curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train"), stage.max_new_tokens,
                    stage.task)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.seed + k)).tolist()
-    r.sched.base_lrs = [stage.learning_rate for _ in r.opt.param_groups]
-    r.sched.lr_lambdas = [lr_factor(cfg, stage, start=p.step - p.stage_step) for _ in r.opt.param_groups]
-    for group, f in zip(r.opt.param_groups, r.sched.lr_lambdas, strict=True):
-        group["lr"] = stage.learning_rate * f(r.sched.last_epoch)
     if n_stages > 1:
         r.log(f"stage {k + 1}/{n_stages} '{stage.name}': task {stage.task}, up to {stage.steps} steps, lr "
               f"{stage.learning_rate:g}" + (f" ({stage.lr_scheduler})" if stage.lr_over_stage else "") + ", "

@@ -41,7 +41,7 @@ from ..rundir import append_jsonl
 from . import checkpoint
 from .grpo import decoupled_rewards, group_advantages, max_variance
 from .rollout import Rollout, Scored, correct, gathered, sample, score
-from .runstate import Progress, Run, TrainingError
+from .runstate import Progress, Run, TrainingError, learning_rate
 from .update import Update, check_update, update
 
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
@@ -151,10 +151,14 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], all(right), r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept)
-    upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
+    start = p.step - p.stage_step  # the stage's first step
+    upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens,
+                 learning_rate(cfg, stage, p.step, start), p.micro_cap)
     bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
-    record = _record(r, p, s, right, adv_stats, upd, dict(zip(keep, picks, strict=True)), (t0, times, t2, time.time()))
+    lr_next = learning_rate(cfg, stage, p.step + 1, start)  # logged, as transformers' Trainer logs it
+    record = _record(r, p, s, right, adv_stats, upd, dict(zip(keep, picks, strict=True)), lr_next,
+                     (t0, times, t2, time.time()))
     if r.world.size > 1:  # in collectives: transfers, and waiting for the slowest rank
         record["time_comm"] = r.world.comm_seconds - comm
     return StepResult(record, rollout, scored, adv, s.drawn, all_equal, bad, upd.micro_cap)
@@ -195,7 +199,7 @@ def stop_agreed(r: Run, stop: StopFlag) -> bool:
 
 
 def _record(r: Run, p: Progress, s: Sampled, right: list[bool], adv_stats: dict, upd: Update,
-            picks: dict[int, list[int]], times) -> dict:
+            picks: dict[int, list[int]], lr: float, times) -> dict:
     """The line of metrics.jsonl of the step after `p`, whose update trained the samples `picks[i]` of each group i
     it trained (TRL's names for the trackers are in trackers.TRL_NAMES)."""
     cfg, g, (t0, phases, t2, t3) = r.cfg, r.cfg.num_generations, times
@@ -212,7 +216,7 @@ def _record(r: Run, p: Progress, s: Sampled, right: list[bool], adv_stats: dict,
         "clip_frac": upd.sums["clip_frac_sum"] / max(1, c_tokens),
         "completion_len": c_tokens / n, "truncated_frac": sum(rollout.truncated) / n, **adv_stats,
         "frac_skipped": 1 - len(upd.groups) / len(rollout.batch), "grad_norm": upd.grad_norm,
-        "lr": r.sched.get_last_lr()[0], "micro_batch_size": upd.micro_batch,
+        "lr": lr, "micro_batch_size": upd.micro_batch,
         "time_rollout": phases["rollout"], "time_scoring": phases["scoring"], "time_update": t3 - t2,
         "step_seconds": t3 - t0, "rollout_tok_s": c_tokens / max(phases["rollout"], 1e-9),
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),

@@ -6,7 +6,6 @@ non-finite gradient skips it; an exploded or vanished one is said). grpo.py has 
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 import torch
@@ -33,10 +32,10 @@ class Update(NamedTuple):
     micro_cap: int = 0
 
 
-def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_cap: int = 0) -> Update:
-    """The policy-gradient update on the groups that teach something (completions of up to `limit` tokens), in
-    micro-batches of at most `micro_cap` sequences (0: no cap); after running out of memory before its first
-    optimizer step, again at half the micro-batch (the cap it returns for the rest of the run)."""
+def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, lr: float, micro_cap: int = 0) -> Update:
+    """The policy-gradient update on the groups that teach something (completions of up to `limit` tokens) at
+    learning rate `lr`, in micro-batches of at most `micro_cap` sequences (0: no cap); after running out of memory
+    before its first optimizer step, again at half the micro-batch (the cap it returns for the rest of the run)."""
     cfg, g, world = r.cfg, rollout.group_size or r.cfg.num_generations, r.world
     skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
     groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
@@ -46,6 +45,8 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
     mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
                                                  max(lengths, default=1), g, width=2 if r.autocast else 4)
     mb = min(mb, micro_cap or mb)
+    for group in r.opt.param_groups:
+        group["lr"] = lr
     while True:
         try:
             fixed = _fixed_logprobs(r, ref, rollout, groups, mb)
@@ -65,9 +66,6 @@ def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_c
     summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
     sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
     upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained, micro_cap)
-    with warnings.catch_warnings():  # a skipped update still moves the schedule on: PyTorch's warning is not news
-        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
-        r.sched.step()
     r.sampler.refresh()
     return upd
 
@@ -136,7 +134,7 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
         return Update(sums, float(grad_norm), False)
     r.opt.step()
     if cfg.ewc_decoupled:
-        r.ewc.pull(model, cfg.ewc_lambda, r.sched.get_last_lr()[0])
+        r.ewc.pull(model, cfg.ewc_lambda, r.opt.param_groups[0]["lr"])
     return Update(sums, float(grad_norm), True)
 
 
