@@ -29,7 +29,16 @@ from ..machine import allocator, planner
 from ..rundir import RunLock, read_json, stage_eval_path, write_status
 from . import checkpoint, curriculum, distributed
 from .runstate import Progress, Run, TrainingError, build_run, disk_full, open_run_dir, save_checkpoint
-from .stages import check_base_records, enter_stage, evaluate_all, finish_stage, fitting, promoted, validation_accuracy
+from .stage_run import (
+    StageRun,
+    check_base_records,
+    enter_stage,
+    evaluate_all,
+    finish_stage,
+    fitting,
+    promoted,
+    validation_accuracy,
+)
 from .step import StopFlag, grpo_step, log_groups, stop_agreed
 from .trackers import Hooks, Tracker, summary_metrics
 
@@ -165,36 +174,35 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
             if k > p.stage_index:
                 p = dataclasses.replace(p, stage_index=k, stage_step=0, data_pos=0, type_counts={}, validation=None,
                                         stage_ended=False)
-            train_set, order = enter_stage(r, k, stage, len(stages))
+            s = enter_stage(r, k, stage, len(stages))
             reward_fns = [rewards.load_reward(spec, stage.max_new_tokens) for spec in cfg.rewards]  # `overlong`
-            p = _run_stage(r, p, ref, reward_fns, k, stage, len(stages), train_set, order, tracker, stop)
+            p = _run_stage(r, p, ref, reward_fns, s, tracker, stop)
             if stop_agreed(r, stop):
                 break
             resumed = p.stage_ended  # from this stage's own end checkpoint
             p = dataclasses.replace(p, stage_ended=True)
-            finish_stage(r, p, k, stage, len(stages), eval_set, train_set, order, resumed)
+            finish_stage(r, p, s, eval_set, resumed)
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
     return _finish(r, p, stages, eval_set, tracker, stop, t_start, profile)
 
 
-def _run_stage(r: Run, p: Progress, ref, reward_fns, k: int, stage, n_stages: int, train_set, order, tracker,
-               stop) -> Progress:
+def _run_stage(r: Run, p: Progress, ref, reward_fns, s: StageRun, tracker, stop: StopFlag) -> Progress:
     """GRPO steps on one stage from `p` until its steps are done, it is promoted, or a stop is requested; returns
     the progress after them. Every rank holds the same progress, so all agree on when the stage ends."""
-    cfg, main = r.cfg, r.world.main
+    cfg, main, stage, k = r.cfg, r.world.main, s.stage, s.index
     val = curriculum.validation(cfg, stage) if stage.promote_at else []
     if main:
         write_status(r.dir, state="training", step=p.step, stage=stage.name, stage_index=k,
-                     total_steps=cfg.total_steps, num_stages=n_stages)
+                     total_steps=cfg.total_steps, num_stages=s.count)
 
-    priority = curriculum.TypePriority(train_set, order, cfg.seed + k) if stage.prioritized_sampling else None
+    priority = curriculum.TypePriority(s.data, s.order, cfg.seed + k) if stage.prioritized_sampling else None
 
     def draw(pos: int) -> list:  # a step's problems: at position pos of the stage's order, or by type (p's counts)
         if priority:
             return priority.draw(pos, stage.prompts_per_step, p.type_counts)
-        return [train_set[order[(pos + i) % len(order)]] for i in range(stage.prompts_per_step)]
+        return [s.data[s.order[(pos + i) % len(s.order)]] for i in range(stage.prompts_per_step)]
 
     while p.stage_step < stage.steps and not promoted(p, stage) and not stop_agreed(r, stop):
         step = grpo_step(r, p, stage, ref, reward_fns, draw, stop)

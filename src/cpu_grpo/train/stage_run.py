@@ -1,12 +1,13 @@
-"""The curriculum around the loop: entering a stage (its data, order and learning rate), promotion checks, and
-the end of a stage (every held-out set evaluated, a row of the forgetting matrix; the Fisher diagonal estimated
-for EWC; a tagged checkpoint). The Fisher and EWC math itself is in curriculum.py."""
+"""A stage as the loop runs it (`StageRun`): entering it (its data and order), promotion checks, and its end (every
+held-out set evaluated, a row of the forgetting matrix; the Fisher diagonal sampled for EWC; a tagged checkpoint).
+The stage's settings are config/stages.py's; the Fisher and EWC math is ewc.py's."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,22 @@ from . import curriculum, ewc
 from .runstate import RANK_SEED, Progress, Run, save_checkpoint
 
 FISHER_SEED = 104729  # the Fisher of stage k samples with seed + RANK_SEED * rank + FISHER_SEED * (k + 1)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """The stage the loop is in: its index among the run's `count` stages, its settings, and its training problems
+    in the order they are drawn (the same on every rank and after a resume)."""
+
+    index: int
+    stage: Stage
+    count: int
+    data: list[tasks.Example]
+    order: list[int]
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
 
 
 def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=None) -> list[dict]:
@@ -89,8 +106,8 @@ def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[ta
     return [ex for ex in data if ex.id not in ids]
 
 
-def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks.Example], list[int]]:
-    """The stage's training problems and their order."""
+def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> StageRun:
+    """Stage k of n_stages with its training problems and their order."""
     cfg = r.cfg
     data = fitting(r, curriculum.load(cfg, stage.task, cfg.train_size, cfg.seed + k, "train"), stage.max_new_tokens,
                    stage.task)
@@ -100,7 +117,7 @@ def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> tuple[list[tasks
               f"{stage.learning_rate:g}" + (f" ({stage.lr_scheduler})" if stage.lr_over_stage else "") + ", "
               f"{stage.max_new_tokens} tokens"
               + (f", promoted at validation accuracy {stage.promote_at:.2f}" if stage.promote_at else ""))
-    return data, order
+    return StageRun(k, stage, n_stages, data, order)
 
 
 def validation_accuracy(r: Run, stage: Stage, val: list[tasks.Example], stage_step: int) -> float | None:
@@ -118,17 +135,16 @@ def promoted(p: Progress, stage: Stage) -> bool:
     return p.validation is not None and p.validation >= stage.promote_at
 
 
-def estimate_fisher(r: Run, p: Progress, k: int, stage: Stage, data: list[tasks.Example],
-                    order: list[int]) -> dict[str, torch.Tensor]:
-    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of stage k (from its
+def estimate_fisher(r: Run, p: Progress, s: StageRun) -> dict[str, torch.Tensor]:
+    """Fisher diagonal from fisher_samples completions sampled by the policy on fresh problems of the stage (from its
     data position at `p`; each rank samples its share; the sums of squared gradients are added up over the ranks).
     The samples come from their own generator, so a run with EWC draws the same problems and rollouts as one
     without, up to its weights."""
     cfg, n = r.cfg, r.cfg.fisher_samples
-    batch = [data[order[(p.data_pos + i) % len(order)]] for i in range(n)][r.world.rank::r.world.size]
+    batch = [s.data[s.order[(p.data_pos + i) % len(s.order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
-    gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (k + 1))
-    sampling = dataclasses.replace(r.sampling(stage.max_new_tokens),
+    gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (s.index + 1))
+    sampling = dataclasses.replace(r.sampling(s.stage.max_new_tokens),
                                    progress=progress_lines(r.log, "  Fisher: sampling"))
     completions = r.sampler.generate(prompts, 1, sampling, gen)
     tick = progress_lines(r.log, "  Fisher: gradients", "sample", "samples/s")
@@ -143,41 +159,40 @@ def estimate_fisher(r: Run, p: Progress, k: int, stage: Stage, data: list[tasks.
     return ewc.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
 
 
-def finish_stage(r: Run, p: Progress, k: int, stage: Stage, n_stages: int, eval_set, data, order,
-                 resumed: bool) -> None:
+def finish_stage(r: Run, p: Progress, s: StageRun, eval_set: list[curriculum.HeldOut], resumed: bool) -> None:
     """Evaluate every held-out set (a row of the forgetting matrix), estimate the Fisher, save a tagged checkpoint
     at `p` (its stage ended) and record the stage in stages.jsonl. `resumed`: the run was resumed from this
     stage's own end checkpoint, so that only a Fisher now due is left (it was the last stage when it ended: a run
     extended by more stages anchors it all the same)."""
-    cfg, t0 = r.cfg, time.time()
-    fisher_due = cfg.ewc_lambda > 0 and k < n_stages - 1 and stage.name not in r.ewc.stages
+    cfg, t0, stage = r.cfg, time.time(), s.stage
+    fisher_due = cfg.ewc_lambda > 0 and not s.last and stage.name not in r.ewc.stages
     if resumed:
         if fisher_due:
-            add_fisher(r, p, k, stage, data, order)
+            add_fisher(r, p, s)
             save_checkpoint(r, p, tag=stage.name)
         return
-    record = {"stage": stage.name, "stage_index": k, "steps": p.stage_step, "end_step": p.step,
+    record = {"stage": stage.name, "stage_index": s.index, "steps": p.stage_step, "end_step": p.step,
               "promoted": promoted(p, stage), "validation_accuracy": p.validation}
     if p.type_counts:  # prioritized sampling: what the draws were weighted by, samples and right answers by type
         record["type_counts"] = p.type_counts
-    path = stage_eval_path(r.dir, k, stage.name)
-    if eval_set and (cfg.eval_every_stage or k == n_stages - 1):
+    path = stage_eval_path(r.dir, s.index, stage.name)
+    if eval_set and (cfg.eval_every_stage or s.last):
         if r.world.main:
             write_status(r.dir, state="evaluating", stage=stage.name)
         r.log(f"stage '{stage.name}' done: evaluating {sum(len(s.examples) for s in eval_set)} held-out problems ...")
         evaluate_all(r, eval_set, path)
     record["eval_seconds"] = round(time.time() - t0, 1)
     if fisher_due:
-        record |= add_fisher(r, p, k, stage, data, order)
+        record |= add_fisher(r, p, s)
     save_checkpoint(r, p, tag=stage.name)
     if r.world.main:
         append_jsonl(r.dir / "stages.jsonl", record)
 
 
-def add_fisher(r: Run, p: Progress, k: int, stage: Stage, data, order) -> dict:
-    """Anchor EWC at stage k's end: its Fisher diagonal and the weights now."""
+def add_fisher(r: Run, p: Progress, s: StageRun) -> dict:
+    """Anchor EWC at the stage's end: its Fisher diagonal and the weights now."""
     t0 = time.time()
-    r.ewc.add_stage(stage.name, estimate_fisher(r, p, k, stage, data, order), dict(ewc.trainable(r.model)))
+    r.ewc.add_stage(s.stage.name, estimate_fisher(r, p, s), dict(ewc.trainable(r.model)))
     seconds = round(time.time() - t0, 1)
-    r.log(f"Fisher diagonal of stage '{stage.name}' from {r.cfg.fisher_samples} samples in {seconds:.0f}s")
+    r.log(f"Fisher diagonal of stage '{s.stage.name}' from {r.cfg.fisher_samples} samples in {seconds:.0f}s")
     return {"fisher_samples": r.cfg.fisher_samples, "fisher_seconds": seconds}
