@@ -22,7 +22,7 @@ import torch
 
 from cpu_grpo.engine import llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.rollout import Sampler, Sampling
+from cpu_grpo.engine.sampler import Sampler, Sampling
 from cpu_grpo.engine.threads import set_threads
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import cpu_grpo.engine.llama as llama
-import cpu_grpo.engine.rollout as rollout
+import cpu_grpo.engine.sampler as sampler_mod
 from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.engine.prompts import encode_prompts
@@ -39,7 +39,7 @@ def compile_decode() -> None:
         return x.new_empty(*x.shape[:-1], packed.shape[0])
 
     llama.linear_packed = linear_packed
-    rollout.decode_step = torch.compile(rollout.decode_step, dynamic=True)
+    sampler_mod.decode_step = torch.compile(sampler_mod.decode_step, dynamic=True)
 
 
 def main() -> None:

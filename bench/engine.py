@@ -32,7 +32,7 @@ from cpu_grpo.data import tasks
 from cpu_grpo.engine.batching import group_logprobs
 from cpu_grpo.engine.models import load_model
 from cpu_grpo.engine.prompts import encode_prompts
-from cpu_grpo.engine.rollout import Sampler, Sampling, stop_ids
+from cpu_grpo.engine.sampler import Sampler, Sampling, stop_ids
 from cpu_grpo.engine.threads import set_threads
 from cpu_grpo.machine.allocator import keep_freed_memory
 from cpu_grpo.machine.doctor import matmul_gflops

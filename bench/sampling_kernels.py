@@ -7,7 +7,7 @@ Qwen2: width 896, MLP 4864, q/k/v 1152, 151,936 words):
   packed once (engine.llama.pack, what inductor's freezing and IPEX do), at 1, 16 and 64 rows: GFLOP/s, and
   whether the results are bitwise equal;
 - one token drawn per row at temperature 0.7 from 64 rows of bf16 logits: the former draw (softmax and a
-  cumulative sum over all words) and engine.rollout.sample_token (two levels, a kept buffer): ms a call.
+  cumulative sum over all words) and engine.sampler.sample_token (two levels, a kept buffer): ms a call.
 `--zentorch` (AMD's ZenDNN plugin, issue 49's lever; `pip install zentorch==2.13.0.2`, the build for torch 2.13)
 adds its matmuls at 64 rows: bf16 on its own packed weight, and int8 (weights per channel, activations quantised
 per call: `zentorch_dynamic_qlinear`) on a plain and a packed weight, each with its error against the exact
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_grpo.engine.llama import linear_packed, pack
-from cpu_grpo.engine.rollout import sample_token, sample_work
+from cpu_grpo.engine.sampler import sample_token, sample_work
 
 SHAPES = {"q/k/v": (1152, 896), "o": (896, 896), "gate/up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}
 

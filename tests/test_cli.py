@@ -85,13 +85,14 @@ def test_every_user_error_is_one_class():
     """The command line and the page catch UserError by type: every error a user can fix derives from it."""
     from cpu_grpo import config
     from cpu_grpo.data import rewards, tasks
-    from cpu_grpo.engine import models, rollout
+    from cpu_grpo.engine import models
+    from cpu_grpo.engine import sampler as sampler_mod
     from cpu_grpo.errors import RunDirError, UserError
     from cpu_grpo.eval import compare, metrics
     from cpu_grpo.train import runstate
 
     for cls in (config.ConfigError, tasks.TaskError, rewards.RewardError, models.ModelError, metrics.MetricError,
-                compare.RunError, runstate.TrainingError, rollout.PromptTooLong, RunDirError):
+                compare.RunError, runstate.TrainingError, sampler_mod.PromptTooLong, RunDirError):
         assert issubclass(cls, UserError), cls
 
 

@@ -69,7 +69,7 @@ def cmd_eval(args) -> int:
     from .data.loaders import RowFormat
     from .data.rewards import check_columns, sandbox_for
     from .engine.models import load_model
-    from .engine.rollout import Sampler, Sampling, stop_ids
+    from .engine.sampler import Sampler, Sampling, stop_ids
     from .engine.threads import set_threads
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table

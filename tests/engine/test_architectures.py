@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from cpu_grpo.engine import arch, llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.rollout import Sampler, Sampling
+from cpu_grpo.engine.sampler import Sampler, Sampling
 
 WINDOW = 6
 COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -160,7 +160,7 @@ def test_training_logprobs_equal_the_hf_forward(model):
 def test_bf16_autocast_logprobs_close_to_fp32(model):
     lp32, mask = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=False)
     lp16, _ = group_logprobs(model, PROMPTS, COMPLETIONS, [0, 1, 2], 2, 0, 1.0, autocast=True)
-    assert ((lp32 - lp16) * mask).abs().max() < 0.1  # test_rollout's stated tolerance for bf16 on a random model
+    assert ((lp32 - lp16) * mask).abs().max() < 0.1  # test_sampler's stated tolerance for bf16 on a random model
 
 
 def _grads(model, monkeypatch, fast: bool, checkpointing: bool = False) -> dict:

@@ -168,7 +168,7 @@ def test_real_default_model_fast_sampler_equals_generate(real_cache):
 
     from cpu_grpo.engine.models import load_model
     from cpu_grpo.engine.prompts import encode_prompts
-    from cpu_grpo.engine.rollout import Sampler, Sampling, stop_ids
+    from cpu_grpo.engine.sampler import Sampler, Sampling, stop_ids
 
     try:
         model, tok = load_model("smollm2-135m", log=lambda *a: None)

@@ -13,7 +13,7 @@ def _get(spec: str) -> tuple:
     import torch
 
     from ..engine.models import bf16_supported, load_model
-    from ..engine.rollout import Sampler, stop_ids
+    from ..engine.sampler import Sampler, stop_ids
 
     if spec in _models:
         _models[spec] = _models.pop(spec)  # most recently used goes last
@@ -30,7 +30,7 @@ def _get(spec: str) -> tuple:
 def answer(spec: str, question: str, instruction: str = "", max_new_tokens: int = 256) -> str:
     """The model's greedy answer to one question, in the chat format training uses."""
     from ..engine.prompts import encode_prompts
-    from ..engine.rollout import Sampling
+    from ..engine.sampler import Sampling
 
     spec, question = (spec or "").strip(), (question or "").strip()
     if not spec or not question:

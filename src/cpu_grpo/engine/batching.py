@@ -9,7 +9,7 @@ import torch
 from . import llama
 from .arch import dims
 from .logprobs import KEEP_BYTES, token_entropies, token_logprobs
-from .rollout import left_pad
+from .sampler import left_pad
 
 
 def group_logprobs(model, prompts, completions, groups: list[int], num_generations: int, pad_id: int,
@@ -58,7 +58,7 @@ class SharedPrompts:
     """The prompt of a group that trains in parts (micro-batches of fewer than G rows) run once, not once a part:
     `prefix(part)` runs a new group's prompt pass and hands out its keys and values as leaves; the parts' backward
     passes gather their gradients there, and the pass's own backward runs when the next group starts or at
-    `close()`. The gradients are those of a prompt run with each part (tests/engine/test_rollout.py)."""
+    `close()`. The gradients are those of a prompt run with each part (tests/engine/test_sampler.py)."""
 
     def __init__(self, model, prompts, pad_id: int, autocast: bool, checkpointing: bool = False):
         self.model, self.prompts, self.pad_id = model, prompts, pad_id

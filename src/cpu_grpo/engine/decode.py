@@ -1,4 +1,4 @@
-"""One sampled token for every live row of a rollout (rollout.py): each prompt's keys and values kept once in a
+"""One sampled token for every live row of a rollout (sampler.py): each prompt's keys and values kept once in a
 PrefixCache and shared by the G rows of its group (shared-prefix attention), with the fused q/k/v and gate/up
 projections of llama.sampling_projections. The prefill that fills the cache is llama.cached_forward."""
 

@@ -1,7 +1,7 @@
 """A short hand-written forward for decoder-only transformers of the Llama family, over the HF modules' weights.
 
 Three uses, all faster on a CPU than the generic HF forward:
-- `cached_forward`: a prompt's prefill into a KV cache (rollout.py);
+- `cached_forward`: a prompt's prefill into a KV cache (sampler.py);
 - `decode.decode_step` (its own module): one sampled token for every live row, with each prompt's keys/values
   kept once and shared by the G rows of its group (shared-prefix attention) and fused q/k/v and gate/up
   projections (`sampling_projections`, here);
@@ -338,7 +338,7 @@ class LayerProjs(NamedTuple):
 def sampling_projections(net, fused, lora=None) -> list[LayerProjs]:
     """Per layer, the four projections a sampling step runs: fused q/k/v and gate/up buffers (fuse_projections),
     o and down from the modules, their weights packed for oneDNN where it runs (`pack`). `lora(modules)` ->
-    (a, bt) or None gives the low-rank term of a group of modules stacked as one projection (rollout.Sampler, for
+    (a, bt) or None gives the low-rank term of a group of modules stacked as one projection (sampler.Sampler, for
     LoRA sampled unmerged)."""
     out = []
     for layer, (wqkv, bqkv, wgu) in zip(net.model.layers, fused, strict=True):

@@ -1,5 +1,5 @@
 """Choosing the next word of each row from its logits: temperature, top-k, top-p, min-p and the repetition
-penalty, then one inverse-CDF draw per row (the sampler's inner loop, rollout.py)."""
+penalty, then one inverse-CDF draw per row (the sampler's inner loop, sampler.py)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def rounding(req):
 def run(src: source.Source, req, out: Path, model, tok, template: str | None, log=print) -> dict:
     """The checks of this export: greedy identity for exact formats, paired held-out accuracy for quantized GGUF,
     and the exported chat template's prompt against the run's (its tokens, for every format)."""
-    from ..engine.rollout import stop_ids
+    from ..engine.sampler import stop_ids
     from .gguf_arch import GGUFError, misread
 
     shape, checks = (src.instruction, src.system), {}

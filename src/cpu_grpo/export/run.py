@@ -169,7 +169,7 @@ def _write_and_check(src: source.Source, req: Request, tmp: Path, log) -> Result
 
 
 def _write(src: source.Source, req: Request, tmp: Path, model, tok, template: str | None, log) -> str:
-    from ..engine.rollout import stop_ids
+    from ..engine.sampler import stop_ids
     from . import gguf, hf, ollama
 
     stops = stop_ids(tok, model)

@@ -79,7 +79,7 @@ def answers(model, tok, template: str | None, examples: list, shape: tuple[str, 
     """Greedy completions of the held-out problems, asked in the run's shape through `template`, each scored as
     the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math row by its answer after '####',
     boxed, ...; a row of the run's own task by its correct reward)."""
-    from ..engine.rollout import Sampler, Sampling, stop_ids
+    from ..engine.sampler import Sampler, Sampling, stop_ids
     from ..eval.evaluate import Judge
     from ..eval.metrics import score_completion
 

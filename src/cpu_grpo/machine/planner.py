@@ -221,7 +221,7 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     `fp32`: sampling and training in fp32 (Machine.fp32), whose values take twice the bytes."""
     from ..engine.arch import dims
     from ..engine.batching import activation_bytes, micro_rows
-    from ..engine.rollout import PREFILL_TOKENS
+    from ..engine.sampler import PREFILL_TOKENS
 
     p, c, b = shapes.params, shapes.config, 4 if fp32 else 2
     if cfg.use_lora:

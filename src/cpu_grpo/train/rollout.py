@@ -12,7 +12,7 @@ import torch
 from ..config import TrainConfig
 from ..data import rewards, tasks
 from ..engine.prompts import encode_prompts
-from ..engine.rollout import progress_lines
+from ..engine.sampler import progress_lines
 from .distributed import World
 
 

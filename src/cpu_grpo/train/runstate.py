@@ -15,7 +15,7 @@ import torch
 from ..config import TrainConfig
 from ..config.stages import Stage
 from ..engine.models import bf16_supported, load_model
-from ..engine.rollout import Sampler, Sampling, stop_ids
+from ..engine.sampler import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError
 from ..machine.doctor import bf16_wanted
 from ..rundir import cut_jsonl, read_jsonl

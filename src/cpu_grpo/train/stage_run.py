@@ -16,7 +16,7 @@ from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
 from ..engine.prompts import encode_prompts
-from ..engine.rollout import progress_lines
+from ..engine.sampler import progress_lines
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status

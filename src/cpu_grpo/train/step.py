@@ -1,7 +1,7 @@
 """One GRPO step, readable top to bottom: sample, reward, advantage, update, record.
 
 How it departs from the paper (Shao et al., 2024) and from TRL's GRPOTrainer:
-1. Rollouts come from a bf16 copy of the policy with a hand-written KV-cache decoder (rollout.py),
+1. Rollouts come from a bf16 copy of the policy with a hand-written KV-cache decoder (engine/sampler.py),
    refreshed from the fp32 master weights after every optimizer step.
 2. The default aggregation is `dapo` (token mean over the batch), as in TRL; `grpo` and `dr_grpo` are there.
 3. With beta = 0 and one update per rollout, sequences whose advantage is 0 (groups whose rewards are all

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from cpu_grpo.engine import llama
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.rollout import Sampler, Sampling
+from cpu_grpo.engine.sampler import Sampler, Sampling
 from cpu_grpo.engine.sampling import SAMPLE_BLOCK, sample_token, sample_work
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [3, 4, 5, 6, 7, 8, 9, 10, 12, 13]]
@@ -42,9 +42,9 @@ def test_greedy_matches_generate_token_for_token(model):
 
 def test_prefill_in_parts_writes_the_same_cache(model, monkeypatch):
     """A long batch's prompts are prefilled a few at a time into slices of one cache: the tokens are the same."""
-    from cpu_grpo.engine import rollout
+    from cpu_grpo.engine import sampler as sampler_mod
 
-    monkeypatch.setattr(rollout, "PREFILL_TOKENS", 1)  # one prompt a call
+    monkeypatch.setattr(sampler_mod, "PREFILL_TOKENS", 1)  # one prompt a call
     eos = model.config.eos_token_id
     out = Sampler(model, dtype=torch.float32).generate(PROMPTS, 1, Sampling(20, (eos,), model.config.pad_token_id,
                                                                             temperature=0))
