@@ -440,13 +440,6 @@ def test_steps_scales_a_profiles_own_stage_steps():
     assert build("default", None, {}).total_steps == 19
 
 
-def test_doctests():
-    import doctest
-
-    from cpu_grpo import config
-
-    assert doctest.testmod(config).failed == 0
-
 
 def test_threads_and_run_names_the_system_cannot_take_are_one_sentence():
     for fields, words in [({"threads": 100000}, "threads must be between 0"),

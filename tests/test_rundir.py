@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import subprocess
 from pathlib import Path
@@ -11,10 +10,6 @@ import pytest
 
 from cpu_grpo import rundir
 from cpu_grpo.rundir import cut_jsonl, read_jsonl, stage_eval_path
-
-
-def test_doctests():
-    assert doctest.testmod(rundir).failed == 0
 
 
 def test_stage_files_of_file_tasks_stay_in_the_run(tmp_path):

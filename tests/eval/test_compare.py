@@ -8,7 +8,6 @@ import json
 import pytest
 
 from cpu_grpo.cli import main
-from cpu_grpo.eval import compare as compare_mod
 from cpu_grpo.eval.compare import RunError, compare_runs
 from cpu_grpo.eval.tables import compare
 from cpu_grpo.rundir import read_jsonl
@@ -31,11 +30,6 @@ def make_run(path, lr, after_correct, ids=(1, 2, 3, 4)):
                                     "peak_rss_mb": 1000.0 + s} for s in range(1, 7)])
     return path
 
-
-def test_doctests():
-    import doctest
-
-    assert doctest.testmod(compare_mod).failed == 0
 
 
 def test_compare_runs(tmp_path):

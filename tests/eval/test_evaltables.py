@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
 
-from cpu_grpo.eval import tables as evaltables
 from cpu_grpo.eval.tables import (
     level_tables,
     mean_summary,
@@ -32,8 +30,6 @@ AFTER = [rec(1, correct=True, consistent=True, calc_steps=2), rec(2, correct=Tru
          rec(3, correct=True, consistent=None, calc_steps=2), rec(4, correct=False, consistent=False, calc_steps=2)]
 
 
-def test_doctests():
-    assert doctest.testmod(evaltables).failed == 0
 
 
 def test_rates_before_after_and_paired():

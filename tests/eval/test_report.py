@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import sys
 
 from cpu_grpo import config
-from cpu_grpo.eval import plots, report
+from cpu_grpo.eval import report
 from cpu_grpo.eval.forgetting import forgetting_lines, forgetting_table
 from cpu_grpo.eval.plots import series, stage_boundaries, write_plots
 
@@ -26,8 +25,6 @@ def records(level, correct):
     return "".join(json.dumps({"id": i, "difficulty": level, "correct": c}) + "\n" for i, c in enumerate(correct))
 
 
-def test_doctests():
-    assert doctest.testmod(report).failed == 0 and doctest.testmod(plots).failed == 0
 
 
 def test_forgetting_matrix_table():

@@ -1,4 +1,3 @@
-import doctest
 import itertools
 import math
 from fractions import Fraction
@@ -6,7 +5,6 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from cpu_grpo.eval import stats
 from cpu_grpo.eval.stats import (
     accuracy_summary,
     majority_vote,
@@ -20,9 +18,6 @@ from cpu_grpo.eval.stats import (
 
 Z = 1.959963984540054
 
-
-def test_doctests():
-    assert doctest.testmod(stats).failed == 0
 
 
 def pairs(

@@ -494,7 +494,7 @@ def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(k
         cut = verify.llama_cpp_check(model, tok, tmp_path / "cut.gguf", ["What is 1 + 1?"], ("", ""), "q8_0")
         assert not cut["passed"] and cut["error"].startswith("llama.cpp cannot load the file ("), cut
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(readback, "_has_llama_cpp", lambda: False)
+    monkeypatch.setattr(readback, "has_llama_cpp", lambda: False)
     try:
         if kind == "llama3-rope":
             with pytest.raises(UserError, match=r"cannot be checked here \(.*rope_parameters.*\), and llama.cpp is "

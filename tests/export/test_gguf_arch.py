@@ -306,7 +306,7 @@ def test_an_export_transformers_cannot_read_says_so_and_exports_unverified(runs,
 
     out = tmp_path / "s"
     with monkeypatch.context() as m:
-        m.setattr(readback, "_has_llama_cpp", lambda: False)
+        m.setattr(readback, "has_llama_cpp", lambda: False)
         with pytest.raises(gguf_mod.GGUFError, match="written but cannot be checked here .transformers' GGUF loader "
                                                      "does not read the architecture smollm3., and llama.cpp is not "
                                                      "installed to read it.*--no-verify"):
@@ -314,7 +314,7 @@ def test_an_export_transformers_cannot_read_says_so_and_exports_unverified(runs,
     assert not out.exists() and not list(tmp_path.glob(".s.partial-*"))
     export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(out), verify=False), log=lambda *a: None)
     assert "Not verified" in (out / "export.md").read_text() and list(out.glob("*.gguf"))
-    if readback._has_llama_cpp():
+    if readback.has_llama_cpp():
         result = export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(tmp_path / "c")),
                         log=lambda *a: None)
         assert set(result.checks) == {"llama.cpp"} and result.passed, str(result.checks)

@@ -11,8 +11,6 @@ import pytest
 from cpu_grpo.errors import UserError
 from cpu_grpo.machine import allocator
 
-pytestmark = pytest.mark.slow  # tiny training runs in fresh processes
-
 
 def train_in_a_process(tiny_model, out, reward_file, choice, *more):
     cmd = [sys.executable, "-m", "cpu_grpo", "demo", "--model", tiny_model, "--output-dir", str(out), "--steps", "1",
@@ -22,6 +20,7 @@ def train_in_a_process(tiny_model, out, reward_file, choice, *more):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_train_runs_with_jemalloc_where_the_system_has_it(tiny_model, tmp_path, reward_file):
     auto = train_in_a_process(tiny_model, tmp_path / "auto", reward_file, "auto")
     assert auto.returncode == 0, auto.stderr[-2000:]
@@ -36,6 +35,7 @@ def test_train_runs_with_jemalloc_where_the_system_has_it(tiny_model, tmp_path, 
     assert "allocator glibc)" in glibc.stdout
 
 
+@pytest.mark.slow
 def test_jemalloc_asked_for_and_missing_is_one_sentence(monkeypatch):
     monkeypatch.setattr(allocator, "loaded", lambda: "glibc")
     monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)

@@ -26,7 +26,6 @@ class Linear1(torch.nn.Module):
         super().__init__()
         self.w = torch.nn.Parameter(torch.tensor(w))
 
-pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
 
 
 def test_fisher_is_the_mean_squared_gradient_normalised_to_mean_one():
@@ -115,6 +114,7 @@ def stage_cfg(tiny_model, out, reward_file, **kw):
     return tiny_cfg(tiny_model, out, reward_file, **values)
 
 
+@pytest.mark.slow
 def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file), log=lambda *a: None)
@@ -144,6 +144,7 @@ def test_two_stages_with_ewc(tiny_model, tmp_path, reward_file):
     assert status["state"] == "finished" and status["step"] == 6 and not (out / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_the_fisher_leaves_the_draws_alone(tiny_model, tmp_path, reward_file):
     """A run with EWC draws the same problems and completions as one without (the Fisher samples from its own
     generator): with a lambda too small to move a weight, the two runs' groups are identical."""
@@ -157,6 +158,7 @@ def test_the_fisher_leaves_the_draws_alone(tiny_model, tmp_path, reward_file):
     assert runs[1] == runs[0]
 
 
+@pytest.mark.slow
 def test_eval_every_stage_off_evaluates_before_and_after_the_last_stage_only(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file, eval_every_stage=False), log=lambda *a: None)
@@ -191,6 +193,7 @@ def weighted_drift(run: Path, fisher: dict) -> float:
     return sum(float((fisher[k] * (a[k] - b[k]) ** 2).sum()) for k in fisher)
 
 
+@pytest.mark.slow
 def test_ewc_holds_the_weights_that_mattered_for_the_first_stage(tiny_model, tmp_path, reward_file):
     # Adam moves every parameter by ~lr per step whatever the gradient's size, so even a huge lambda only
     # turns steady drift into oscillation around the anchor: compare after 8 steps of stage 2, not 1 or 2.
@@ -203,6 +206,7 @@ def test_ewc_holds_the_weights_that_mattered_for_the_first_stage(tiny_model, tmp
     assert weighted_drift(held, ewc.fisher) < 0.25 * weighted_drift(free, ewc.fisher)
 
 
+@pytest.mark.slow
 def test_resume_inside_the_second_stage(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file, steps=5, stages=["basic:3", "intermediate:2"], eval_size=0),
@@ -215,6 +219,7 @@ def test_resume_inside_the_second_stage(tiny_model, tmp_path, reward_file):
     assert metrics[-1]["ewc_penalty"] > 0  # the Fisher of stage 1 came back from the checkpoint
 
 
+@pytest.mark.slow
 def test_a_finished_run_extended_by_a_stage_anchors_its_old_last_stage(tiny_model, tmp_path, reward_file):
     """The last stage gets no Fisher (nothing after it needs one); resumed with a stage more, it gets the one it
     would have had, and the run goes on as a run of both stages from the start does."""
@@ -229,6 +234,7 @@ def test_a_finished_run_extended_by_a_stage_anchors_its_old_last_stage(tiny_mode
     assert EWC.load(last / EWC_FILE).stages == ["basic"]
 
 
+@pytest.mark.slow
 def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file, monkeypatch):
     """Its rollouts stop at its limit, and its task's held-out set is evaluated at it, before and after; the other
     stages and sets keep the run's limits (12 in training, 8 in evaluation)."""
@@ -252,6 +258,7 @@ def test_a_stage_with_its_own_completion_limit(tiny_model, tmp_path, reward_file
     assert [x["id"] for x in read_jsonl(out / "eval_before.jsonl")] == held  # in the sets' order
 
 
+@pytest.mark.slow
 def test_a_stage_with_its_own_prompts_per_step(tiny_model, tmp_path, reward_file):
     """Its steps sample and train that many groups and consume that many problems; the others keep the run's 2."""
     out = tmp_path / "run"
@@ -265,6 +272,7 @@ def test_a_stage_with_its_own_prompts_per_step(tiny_model, tmp_path, reward_file
     assert [g["stage"] for g in groups] == ["basic"] * 4 + ["intermediate"] * 6
 
 
+@pytest.mark.slow
 def test_a_stage_on_joined_levels_replays_the_first_and_is_held_out_as_each(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, steps=4, ewc_lambda=0.0, prompts_per_step=4,
@@ -276,6 +284,7 @@ def test_a_stage_on_joined_levels_replays_the_first_and_is_held_out_as_each(tiny
     assert json.loads((out / "forgetting.json").read_text())["levels"] == ["basic", "intermediate"]
 
 
+@pytest.mark.slow
 def test_a_stage_with_held_out_false_trains_but_is_not_evaluated(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     cfg = stage_cfg(tiny_model, out, reward_file, steps=2, ewc_lambda=0.0, promote_every=1, promote_size=2,
@@ -301,6 +310,7 @@ def stopping_after(n: int, real):
     return step
 
 
+@pytest.mark.slow
 def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(tiny_model, tmp_path, reward_file,
                                                                                monkeypatch):
     """basic at the run's constant 1e-3 for 2 steps; intermediate from 2e-3, linear over its 4 steps: 2e-3, 1.5e-3,
@@ -320,6 +330,7 @@ def test_a_stage_with_its_own_schedule_decays_over_its_steps_also_when_resumed(t
     assert lrs == pytest.approx([1e-3, 1e-3, 1.5e-3, 1e-3, 5e-4, 0.0], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setattr(train_mod, "validation_accuracy", lambda r, stage, val, n: 1.0 if n == 2 else None)
     out = tmp_path / "run"
@@ -332,6 +343,7 @@ def test_promotion_ends_a_stage_early(tiny_model, tmp_path, reward_file, monkeyp
     assert read_jsonl(out / "stages.jsonl")[0]["promoted"] is True
 
 
+@pytest.mark.slow
 def test_a_run_stopped_right_after_a_promotion_resumes_at_the_stage_end(tiny_model, tmp_path, reward_file,
                                                                         monkeypatch):
     """The promotion is in the checkpoint's progress (not only in stages.jsonl, written at the stage's end): the
@@ -373,6 +385,7 @@ def test_a_second_process_on_a_busy_run_dir_is_refused(tmp_path):
     assert not (tmp_path / "run.lock").exists()
 
 
+@pytest.mark.slow
 def test_ewc_with_lora_covers_only_the_adapters(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(stage_cfg(tiny_model, out, reward_file, use_lora=True, lora_r=4, lora_alpha=8, eval_size=0,
@@ -382,6 +395,7 @@ def test_ewc_with_lora_covers_only_the_adapters(tiny_model, tmp_path, reward_fil
     assert read_jsonl(out / "metrics.jsonl")[-1]["ewc_penalty"] > 0
 
 
+@pytest.mark.slow
 def test_stop_during_the_base_evaluation_keeps_it(tiny_model, tmp_path, reward_file, monkeypatch):
     import os
     import signal
@@ -442,6 +456,7 @@ def no_bike_reward(completions, question, **kw):
 """
 
 
+@pytest.mark.slow
 def test_prioritized_sampling_draws_the_failing_type_more_and_resumes_the_same(tiny_model, tmp_path):
     """A reward that only the bike problems never earn: the stage draws them more often than a tenth of the time,
     stages.jsonl keeps the counts its draws were weighted by, and a run resumed after step 2 draws the same
@@ -466,6 +481,7 @@ def test_prioritized_sampling_draws_the_failing_type_more_and_resumes_the_same(t
     assert [g["question"] for g in read_jsonl(b / "groups.jsonl")] == [g["question"] for g in groups]
 
 
+@pytest.mark.slow
 def test_a_stage_with_its_own_sampling(tiny_model, tmp_path, monkeypatch):
     """The first stage draws problem types by failure rate and trains the hardest varying groups; the second, on the
     same task, keeps the run's settings (the shuffled order, DAPO's first groups)."""

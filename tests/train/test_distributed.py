@@ -22,8 +22,6 @@ import torch
 
 from cpu_grpo.rundir import read_jsonl
 
-pytestmark = pytest.mark.slow  # each test starts torchrun and its ranks
-
 WORKER = str(Path(__file__).with_name("dist_worker.py"))
 
 
@@ -43,6 +41,7 @@ def ok(p: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return p
 
 
+@pytest.mark.slow
 def test_two_ranks_compute_the_gradient_of_one_process(tiny_model, tmp_path):
     ok(alone("grads", tiny_model, str(tmp_path)))
     ok(torchrun("grads", tiny_model, str(tmp_path)))
@@ -65,6 +64,7 @@ def fields(model: str, out: Path, reward: Path, **kw) -> str:
     return json.dumps({**values, **kw})
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_same_weights_and_resume_exactly(tiny_model, tmp_path, reward_file):
     whole, part = tmp_path / "whole", tmp_path / "part"
     whole.mkdir(), part.mkdir()
@@ -87,6 +87,7 @@ def test_two_ranks_train_the_same_weights_and_resume_exactly(tiny_model, tmp_pat
     assert (part / "digest-0-of-2").read_text() == digests.pop()
 
 
+@pytest.mark.slow
 def test_ranks_join_over_gloo_where_cuda_is_present(tiny_model, tmp_path, reward_file):
     # the model stays on the CPU, so nccl (which wants CUDA tensors) is never the backend, even on a GPU machine
     env = {"PRETEND_CUDA": "" if torch.cuda.is_available() else "1"}
@@ -94,6 +95,7 @@ def test_ranks_join_over_gloo_where_cuda_is_present(tiny_model, tmp_path, reward
     assert p.stdout.count("backend gloo") == 2
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_on_dynamic_sampling(tiny_model, tmp_path):
     """Dynamic sampling under torchrun: both ranks draw the same extra batches, keep the same groups (decided on
     the gathered batch) and end with the same weights; only groups whose reward varies are trained."""
@@ -114,6 +116,7 @@ def test_two_ranks_agree_on_dynamic_sampling(tiny_model, tmp_path):
         assert trained == [x for x in step if len(x["question"]) % 2][:4]
 
 
+@pytest.mark.slow
 def test_two_ranks_draw_the_prioritized_problems_of_one_process(tiny_model, tmp_path):
     """prioritized_sampling under torchrun: the draws follow counts of the gathered groups, so two ranks draw the
     problems one process draws, step after step (only the bike problems never earn the reward: the counts move)."""
@@ -131,6 +134,7 @@ def test_two_ranks_draw_the_prioritized_problems_of_one_process(tiny_model, tmp_
     assert drawn["one"] == drawn["two"] and any("bike" in q for q in drawn["one"])
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_the_others_with_its_name_and_the_run_resumes(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     out.mkdir()
@@ -165,6 +169,7 @@ def length_reward(completions, **kwargs):
 '''
 
 
+@pytest.mark.slow
 def test_bad_input_on_one_rank_is_one_sentence_naming_it(tiny_model, tmp_path):
     reward = tmp_path / "flaky.py"
     reward.write_text(FAILING_ON_RANK_1)
@@ -175,6 +180,7 @@ def test_bad_input_on_one_rank_is_one_sentence_naming_it(tiny_model, tmp_path):
     assert "rank 1" in p.stderr and "cannot read its data file" in p.stderr, p.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_failed_rank_under_train_nproc_ends_in_one_line_not_torchruns_traceback(tiny_model, tmp_path):
     reward = tmp_path / "flaky.py"
     reward.write_text(FAILING_ON_RANK_1)
@@ -206,6 +212,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_machines_launched_by_train_nnodes_train_as_one_run(tiny_model, tmp_path):
     port, env = _free_port(), {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     run = ["--model", tiny_model, "--steps", "2", "--prompts-per-step", "2", "--num-generations", "2",
@@ -217,6 +224,7 @@ def test_two_machines_launched_by_train_nnodes_train_as_one_run(tiny_model, tmp_
     assert [m["step"] for m in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
 
 
+@pytest.mark.slow
 def test_two_machines_started_with_different_configurations_are_refused_naming_the_field(tiny_model, tmp_path):
     """Different learning rates trained with exit code 0 while the weights drifted apart; different models or
     steps ended in a C++ abort or 'another rank stopped answering'."""
@@ -233,6 +241,7 @@ def test_two_machines_started_with_different_configurations_are_refused_naming_t
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_machine_that_never_joins_is_one_sentence_within_the_join_timeout(tiny_model, tmp_path):
     port = _free_port()
     t0 = time.time()
@@ -246,6 +255,7 @@ def test_a_machine_that_never_joins_is_one_sentence_within_the_join_timeout(tiny
     assert "start the same command on every machine" in last and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_rendezvous_that_cannot_be_reached_is_one_sentence(tiny_model, tmp_path):
     p = subprocess.run(_nnodes(tmp_path, 1, _free_port(), "--model", tiny_model, "--join-timeout", "5"),
                        capture_output=True, text=True, timeout=120)
@@ -254,6 +264,7 @@ def test_a_rendezvous_that_cannot_be_reached_is_one_sentence(tiny_model, tmp_pat
     assert "could not be reached" in last and "start --node-rank 0" in last, last
 
 
+@pytest.mark.slow
 def test_nnodes_without_an_endpoint_says_what_it_needs(tmp_path):
     p = subprocess.run([sys.executable, "-m", "cpu_grpo", "train", "--nnodes", "2", "--output-dir",
                         str(tmp_path / "run")], capture_output=True, text=True, timeout=60)

@@ -17,8 +17,6 @@ import pytest
 from cpu_grpo.cli import main
 from cpu_grpo.rundir import read_jsonl
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture
 def disk(tmp_path):
@@ -55,6 +53,7 @@ def args(model: str, out: Path, reward: Path, *more: str) -> list[str]:
             "--rewards", f"{reward}:length_reward", "--reward-weights", "1", "--score-truncated", *more]
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_the_lock_and_at_a_log_line_is_one_sentence(disk, tiny_model, reward_file, capsys):
     out = disk / "run"
     filler = fill(disk, 0)

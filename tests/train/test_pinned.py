@@ -10,8 +10,6 @@ from test_train import tiny_cfg
 from cpu_grpo.rundir import read_jsonl
 from cpu_grpo.train.loop import train
 
-pytestmark = pytest.mark.slow
-
 STEPS = [{"reward": 1.4250000715255737, "loss": -1.0679165285409908e-07, "grad_norm": 3.3580451011657715,
           "completion_len": 12.0, "reward_std": 0.2686738669872284},
          {"reward": 1.1750000715255737, "loss": -0.05808473750948906, "grad_norm": 4.3132500648498535,
@@ -20,6 +18,7 @@ ADVANTAGES = [[-1.161, 0.387, 1.161, -0.387], [-0.4898, 1.4693, -0.7347, -0.2449
               [0.2672, 1.0688, 0.0, -1.3359], [1.161, -0.387, 0.387, -1.161]]
 
 
+@pytest.mark.slow
 def test_a_seeded_run_gives_the_pinned_steps(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file, steps=2, bf16="false", save_every=0), log=lambda *a: None)

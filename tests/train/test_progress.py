@@ -9,9 +9,8 @@ from test_curriculum import stage_cfg
 from cpu_grpo.engine import sampler as sampler_mod
 from cpu_grpo.train.loop import train
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_sampling_and_the_fisher_say_how_far_they_are(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)
     lines = []

@@ -3,7 +3,6 @@ reader; a tracker that is missing or fails never stops training."""
 
 from __future__ import annotations
 
-import doctest
 import json
 import sqlite3
 import sys
@@ -15,12 +14,6 @@ from test_train import tiny_cfg
 from cpu_grpo.rundir import read_jsonl
 from cpu_grpo.train import trackers
 from cpu_grpo.train.loop import train
-
-pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
-
-
-def test_doctests():
-    assert doctest.testmod(trackers).failed == 0
 
 
 def wandb_records(run_dir) -> list:
@@ -62,6 +55,7 @@ def wandb_history(run_dir) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+@pytest.mark.slow
 def test_a_run_reaches_every_tracker(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -102,6 +96,7 @@ def test_a_run_reaches_every_tracker(tiny_model, tmp_path, reward_file, monkeypa
     assert "eval/basic/after" in summary and "forgetting/base/basic" in summary
 
 
+@pytest.mark.slow
 def test_a_missing_or_failing_tracker_never_stops_training(tiny_model, tmp_path, reward_file, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
 

@@ -30,8 +30,6 @@ from cpu_grpo.train.loop import train
 from cpu_grpo.train.runstate import TrainingError
 from cpu_grpo.train.step import teaching
 
-pytestmark = pytest.mark.slow  # end-to-end training of the tiny model
-
 
 def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     values = dict(model=model, output_dir=str(out), steps=3, prompts_per_step=2, num_generations=4,
@@ -42,6 +40,7 @@ def tiny_cfg(model: str, out: Path, reward: Path, **kw) -> config.TrainConfig:
     return config.build(None, None, values)
 
 
+@pytest.mark.slow
 def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file), log=lambda *a: None)
@@ -76,6 +75,7 @@ def test_three_steps_then_resume(tiny_model, tmp_path, reward_file):
     assert metrics[-1]["data_pos"] == 10  # the data order continued where it stopped
 
 
+@pytest.mark.slow
 def test_resume_replays_the_same_step(tiny_model, tmp_path, reward_file):
     """Stopping after step 2 and resuming gives step 3 exactly as an uninterrupted run does."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -87,6 +87,7 @@ def test_resume_replays_the_same_step(tiny_model, tmp_path, reward_file):
     assert len(step3) == 2 and step3 == [g["completions"] for g in gb if g["step"] == 3]  # prompts_per_step 2
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file, steps=1, eval_size=0), log=lambda *a: None)
@@ -100,6 +101,7 @@ def test_existing_run_is_never_overwritten(tiny_model, tmp_path, reward_file):
     assert (tmp_path / "a-file").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_start_that_fails_leaves_no_run_directory_behind(tmp_path, reward_file):
     """A model that is not there: the directory this start created goes (the page would list it as a run); a
     directory that was there before stays, with what it held and a status that says why the start failed."""
@@ -117,6 +119,7 @@ def test_a_start_that_fails_leaves_no_run_directory_behind(tmp_path, reward_file
     assert json.loads((mine / "status.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [dict(beta=0.05, num_iterations=2, loss_type="grpo"),
                                      dict(use_lora=True, loss_type="dr_grpo", gradient_checkpointing=True)])
 def test_variants_run(tiny_model, tmp_path, reward_file, variant):
@@ -132,6 +135,7 @@ def test_variants_run(tiny_model, tmp_path, reward_file, variant):
         assert main(["eval", "--model", str(ckpt), "--n", "2", "--max-new-tokens", "4"]) == 0  # base + adapter
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "cpu_grpo.cli", "train", "--profile", "demo", "--model", tiny_model, "--output-dir",
@@ -153,6 +157,7 @@ def test_ctrl_c_saves_a_complete_checkpoint(tiny_model, tmp_path, reward_file):
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]  # no half-written dir
 
 
+@pytest.mark.slow
 def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tmp_path, reward_file, monkeypatch):
     """An allocation failure in the update (injected for micro-batches over 4 sequences) is retried at half the
     size, which the rest of the run keeps: the run ends with the same weights as a run that used 4 from the
@@ -223,10 +228,12 @@ def test_truncated_completions_earn_no_credit_unless_asked():
         score(cfg, [infinite], rollout)
 
 
+@pytest.mark.slow
 def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_path, reward_file, monkeypatch):
     """A nan loss (injected from step 2 on) never reaches the weights: the update is skipped with a line in the log
     (the checkpoints of steps 2 and 3 hold step 1's weights), and after BAD_STEPS such steps in a row the run stops
     with one sentence."""
+    import cpu_grpo.train.step as step_mod
     import cpu_grpo.train.update as update_mod
 
     real, calls = update_mod.grpo_loss, {"n": 0}
@@ -236,7 +243,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
         return (loss * math.nan if r_step["n"] >= 1 else loss), st
 
     r_step = {"n": 0}
-    real_update = update_mod._iteration  # one pass a step (num_iterations 1)
+    real_update = step_mod.update  # the step's update
 
     def counting_update(r, *args, **kw):
         r_step["n"] = calls["n"]  # the steps before this one
@@ -244,7 +251,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
         return real_update(r, *args, **kw)
 
     monkeypatch.setattr(update_mod, "grpo_loss", nan_after_first_step)
-    monkeypatch.setattr(update_mod, "_iteration", counting_update)
+    monkeypatch.setattr(step_mod, "update", counting_update)
     out, lines = tmp_path / "nan", []
     with pytest.raises(update_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
         train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),
@@ -257,6 +264,7 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_skipped_first_update_brings_no_pytorch_warning(tiny_model, tmp_path, reward_file, monkeypatch):
     """PyTorch's "lr_scheduler.step() before optimizer.step()" reached the user at step 1 of a run whose first
     update was skipped (the log already says why)."""
@@ -274,6 +282,7 @@ def test_a_skipped_first_update_brings_no_pytorch_warning(tiny_model, tmp_path, 
     assert not [w for w in caught if "lr_scheduler" in str(w.message)], [str(w.message) for w in caught]
 
 
+@pytest.mark.slow
 def test_resume_after_an_unclean_stop_logs_each_step_once(tiny_model, tmp_path, reward_file):
     """A kill after step 3 was logged but before its checkpoint (the newest is step 2), with a checkpoint half
     written and a half-written log line: resuming drops the records of step 3 and the partial directory, and the
@@ -294,6 +303,7 @@ def test_resume_after_an_unclean_stop_logs_each_step_once(tiny_model, tmp_path, 
     assert any("3 log records of steps after" in str(x) for x in lines)  # 1 metrics + 2 groups
 
 
+@pytest.mark.slow
 def test_cli_resume_uses_the_runs_saved_config(tiny_model, tmp_path, reward_file, capsys):
     """`cpu-grpo train --output-dir X --resume` continues X with X's own config (not the default profile and
     model), with only the fields given on the command line changed, and says which."""
@@ -307,6 +317,7 @@ def test_cli_resume_uses_the_runs_saved_config(tiny_model, tmp_path, reward_file
     assert f"trained with model {tiny_model!r}: resume it without --model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tmp_path, reward_file):
     out = tmp_path / "run"
     train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=1, save_every=0), log=lambda *a: None)
@@ -319,6 +330,7 @@ def test_resume_before_the_first_checkpoint_starts_again_in_place(tiny_model, tm
         train(tiny_cfg(tiny_model, tmp_path / "empty", reward_file), resume=True, log=lambda *a: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate weights", "truncate state", "remove weights"])
 def test_resume_falls_back_past_a_damaged_checkpoint(tiny_model, tmp_path, reward_file, damage, capsys):
     out = tmp_path / "run"
@@ -336,6 +348,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint(tiny_model, tmp_path, rewar
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_step_that_can_teach_nothing_is_reported(tiny_model, tmp_path):
     """Rewards that are all None: a warning at each step; all-equal groups for 5 steps: one warning."""
     nothing = tmp_path / "nothing.py"
@@ -357,6 +370,7 @@ def fading_reward(completions, **kw):
 """
 
 
+@pytest.mark.slow
 def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives_rotation(tiny_model, tmp_path):
     """A reward that scores nothing after step 2 (as after a learning rate that wrecked the model in step 2's update):
     step 2's rollouts were sampled by step 1's weights, the last known good; the rotation (keep 2) keeps step 1's
@@ -377,6 +391,7 @@ def test_a_collapse_stops_the_run_if_asked_and_its_last_good_checkpoint_survives
         tiny_cfg(tiny_model, out, fading, on_collapse="halt")
 
 
+@pytest.mark.slow
 def test_a_task_learned_is_said_so_and_not_stopped_as_a_collapse(tiny_model, tmp_path):
     """Every sample right for five steps (all groups all-equal at the top): one note that the problems are learned,
     not the collapse warning's advice, and on_collapse: stop does not stop the run."""
@@ -392,6 +407,7 @@ def test_a_task_learned_is_said_so_and_not_stopped_as_a_collapse(tiny_model, tmp
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_an_update_that_explodes_or_vanishes_but_stays_finite_is_said(tiny_model, tmp_path, reward_file, monkeypatch):
     """A gradient norm of 5e5 (finite: the update goes through) and then exactly 0 with a non-zero loss each get a
     warning line; a collapse after a wrecking update names the base model when no checkpoint is known good."""
@@ -419,6 +435,7 @@ def some_groups_reward(completions, question, **kw):
 """
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_groups_that_teach(tiny_model, tmp_path):
     """A reward that varies within the group only for questions of odd length: with dynamic_sampling 3, each step
     draws batches of 2 prompts until 2 such groups are found (or 3 batches were drawn), trains on those alone, and
@@ -441,6 +458,7 @@ def test_dynamic_sampling_trains_only_groups_that_teach(tiny_model, tmp_path):
         assert m["frac_skipped"] == pytest.approx(1 - len(trained) / len(step))
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_refills_only_the_missing_groups(tiny_model, tmp_path):
     """With `dynamic_sampling_refill: missing`, a step draws its 3 prompts, then only as many as groups that teach
     are still missing, up to 4 draws: the groups are the draws' sizes in order, the data order moves on by exactly
@@ -466,6 +484,7 @@ def test_dynamic_sampling_refills_only_the_missing_groups(tiny_model, tmp_path):
         assert trained == [x for x, t in zip(step, teaches, strict=True) if t][:3]
 
 
+@pytest.mark.slow
 def test_train_samples_trains_the_widest_of_each_group(tiny_model, tmp_path, reward_file):
     """`train_samples: 2` of 4 (PODS): in each group that varies, exactly 2 samples get an advantage, the pair
     whose totals spread widest, with the advantages of a group of 2; at 4 (all) the run is the default's, bitwise;
@@ -511,6 +530,7 @@ def test_teaching_groups_are_the_first_whose_first_reward_varies():
         config.build(None, None, {"dynamic_sampling": -1})
 
 
+@pytest.mark.slow
 def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, reward_file):
     """The stage is named after the path (data/good.jsonl): its evaluation file gets a safe name and the run
     writes its summary; held-out problems are never among the training prompts."""
@@ -528,6 +548,7 @@ def test_a_jsonl_task_in_a_directory_trains_to_the_end(tiny_model, tmp_path, rew
     assert held_out and not held_out & trained
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, reward_file, monkeypatch, capsys):
     """ENOSPC while a checkpoint is written (injected): the half-written directory is removed, the run stops with
     one sentence naming the disk and how to continue, and the status says failed."""
@@ -556,6 +577,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence(tiny_model, tmp_path, rewar
     assert json.loads((out / "status.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.slow
 def test_kill_9_inside_a_checkpoint_write_loses_nothing(tiny_model, tmp_path, reward_file):
     """A real process SIGKILLed while step 2's checkpoint is half written (its weights on disk, its config and
     trainer state not yet): the half-written directory is never taken for a checkpoint, resume starts from step 1,
@@ -589,6 +611,7 @@ train(cfg, log=lambda *a: None)
     assert checkpoint.latest(out).name == "step-000003"
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_base_evaluation_made_at_another_limit(tiny_model, tmp_path, reward_file):
     """A config changed on resume so that a held-out set's completion limit differs would pair before and after
     answers written under different limits: the run says so and changes nothing."""
@@ -639,6 +662,7 @@ def read_only():
 CONSTANT = "def constant_reward(completions, **kw):\n    return [0.5] * len(completions)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reward", ["length_reward", "constant_reward"])
 def test_a_read_only_checkpoint_directory_is_one_sentence(tiny_model, tmp_path, reward_file, read_only, capsys,
                                                           reward):
@@ -665,6 +689,7 @@ def test_a_read_only_checkpoint_directory_is_one_sentence(tiny_model, tmp_path, 
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_read_only_run_directory_is_one_sentence(tiny_model, tmp_path, reward_file, read_only, capsys):
     """The whole run directory read-only (a real read-only mount) at --resume: the lock cannot be written; one
     sentence naming the directory, the file and the way on, no traceback, nothing of the run changed."""
@@ -681,6 +706,7 @@ def test_a_read_only_run_directory_is_one_sentence(tiny_model, tmp_path, reward_
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_resume_passes_over_a_checkpoint_with_a_tensor_of_another_shape(tiny_model, tmp_path, reward_file, capsys):
     """A model.safetensors edited by hand (one tensor cut to another shape): resume names the tensor and both
     shapes in one warning and goes on from the older checkpoint; loaded into the model anyway, one sentence."""
@@ -706,6 +732,7 @@ def test_resume_passes_over_a_checkpoint_with_a_tensor_of_another_shape(tiny_mod
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resume_names_a_checkpoint_without_trainer_state_and_never_restarts_silently(tiny_model, tmp_path,
                                                                                      reward_file, capsys):
     """A checkpoint directory without trainer_state.pt: one warning names it and why, resume goes on from the older

@@ -50,7 +50,7 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     shape, checks = (src.instruction, src.system), {}
     if req.format == "gguf":
         gguf_file = next(out.glob("*.gguf"))
-        if _has_llama_cpp():  # llama.cpp itself, where `make test` (or the [llamacpp] extra) built it
+        if has_llama_cpp():  # llama.cpp itself, where `make test` (or the [llamacpp] extra) built it
             log(f"reading {gguf_file.name} with llama.cpp")
             checks["llama.cpp"] = verify.llama_cpp_check(model, tok, gguf_file, [e.question for e in
                                                          source.held_out(src, LLAMA_CPP_PROMPTS)], shape, req.quant)
@@ -85,7 +85,7 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
 LLAMA_CPP_PROMPTS = 8  # held-out prompts llama.cpp reads, every position's logits compared
 
 
-def _has_llama_cpp() -> bool:
+def has_llama_cpp() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("llama_cpp") is not None
