@@ -51,6 +51,14 @@ class Judge:
     def by_reward(self, ex: tasks.Example) -> bool:
         return self.everywhere or not ex.math
 
+    def verdicts(self, examples: list, texts: list[str], judged: list[float]) -> list[bool]:
+        """Whether each completion is right, from the judging reward's values already computed for it (a training
+        step's: the reward is not called again, and a completion cut at the limit has scored 0): a math row by its
+        extracted answer unless `everywhere`, any other by its value being 1."""
+        by_answer = rewards.correctness_reward(texts, [ex.answer for ex in examples])
+        return [v == 1.0 if self.by_reward(ex) else bool(a)
+                for ex, a, v in zip(examples, by_answer, judged, strict=True)]
+
     def all_wrong(self, examples: list, records: dict) -> str:
         """A note when the reward judged 10 or more problems and scored every one 0: a task too hard, or a column
         it reads in a type it does not expect (a Parquet file written by pandas turns text of digits into numbers);

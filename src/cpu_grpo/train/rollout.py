@@ -13,6 +13,7 @@ from ..config import TrainConfig
 from ..data import rewards, tasks
 from ..engine.prompts import encode_prompts
 from ..engine.sampler import progress_lines
+from ..eval.evaluate import Judge
 from .distributed import World
 
 
@@ -114,11 +115,9 @@ def gathered(world: World, rollout: Rollout, scored: Scored) -> tuple[Rollout, S
 
 
 def correct(cfg: TrainConfig, rollout: Rollout, scored: Scored) -> list[bool]:
-    """Whether each sampled completion is correct as the evaluations judge it (eval.evaluate.Judge): a math row by
-    its extracted answer (unless `correct_reward` is set), any other row by the correct reward (`correct_reward`,
-    else the first) scoring 1, as scored (a completion cut at the limit earns nothing from it)."""
-    g = cfg.num_generations
+    """Whether each sampled completion is correct as the evaluations judge it (eval.evaluate.Judge's rule: a math
+    row by its extracted answer unless `correct_reward` is set, any other row by the correct reward, `correct_reward`
+    or else the first, scoring 1), from the values the step's scoring gave (a completion cut at the limit has 0)."""
     judged = list(scored.per_fn.values())[cfg.rewards.index(cfg.correct_reward) if cfg.correct_reward else 0]
-    by_answer = rewards.correctness_reward(rollout.texts, [ex.answer for ex in rollout.batch for _ in range(g)])
-    return [bool(a) if ex.math and not cfg.correct_reward else v == 1.0
-            for i, (a, v) in enumerate(zip(by_answer, judged, strict=True)) for ex in [rollout.batch[i // g]]]
+    rows = [ex for ex in rollout.batch for _ in range(rollout.group_size)]
+    return Judge(everywhere=bool(cfg.correct_reward)).verdicts(rows, rollout.texts, judged)
