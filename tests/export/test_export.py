@@ -126,10 +126,15 @@ def test_peft_export_loads_on_its_base(runs, tmp_path, tiny_model):
     assert any("lora_A" in n for n, _ in model.named_parameters())
 
 
-def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_path):
-    out = tmp_path / "q8"
+def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_path, monkeypatch):
+    from cpu_grpo.engine import sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)  # the long phases say how far they are, with a rate
+    out, said = tmp_path / "q8", []
     result = export(_quiet(spec=str(runs["full"]), format="gguf", quant="q8_0", out=str(out), ollama="tiny-model",
-                           verify_n=6), log=lambda *a: None)
+                           verify_n=6), log=said.append)
+    assert any("writing q8_0: tensor" in x and "tensors/s" in x for x in said), said
+    assert any("problems/s, about" in x for x in said), said
     acc = result.checks["accuracy"]
     assert acc["n"] == 6 and 0 <= acc["export"] <= 1 and acc["comparison"]["n"] == 6
     modelfile = (out / "Modelfile").read_text()

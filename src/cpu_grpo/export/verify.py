@@ -9,6 +9,8 @@ problems, paired (Newcombe's interval, McNemar's exact p: eval.stats).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..eval import stats
@@ -86,7 +88,7 @@ def answers(model, tok, template: str | None, examples: list, shape: tuple[str, 
     judge = judge or Judge()
 
     sampler, greedy = Sampler(model), Sampling(max_new_tokens, stop_ids(tok, model), tok.pad_token_id, 0.0)
-    records = []
+    records, t0 = [], time.time()
     for i in range(0, len(examples), batch):
         part = examples[i:i + batch]
         outs = sampler.generate(prompt_ids(tok, [e.question for e in part], template, *shape), 1, greedy)
@@ -95,7 +97,9 @@ def answers(model, tok, template: str | None, examples: list, shape: tuple[str, 
         for ex, text, right in zip(part, texts, judged, strict=True):
             records.append({"id": ex.id, "completion": text, "correct": bool(
                 score_completion(text, ex.answer, ex.solution, False)["correct"] if right is None else right)})
-        log(f"  {len(records)}/{len(examples)}: {sum(r['correct'] for r in records) / len(records):.1%} right")
+        each = (time.time() - t0) / len(records)
+        log(f"  {len(records)}/{len(examples)}: {sum(r['correct'] for r in records) / len(records):.1%} right "
+            f"({1 / each:.2f} problems/s, about {each * (len(examples) - len(records)):.0f} s left)")
     return records
 
 
