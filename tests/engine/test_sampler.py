@@ -287,3 +287,22 @@ def test_a_role_the_chat_template_refuses_is_one_sentence(tiny_model):
     with pytest.raises(UserError, match=r"the model's chat template refuses a prompt with the roles system, user "
                                         r"\(Conversation roles must alternate user/assistant\): give the prompts"):
         encode_prompts(tok, [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]])
+
+
+def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_and_in_a_log_lines(monkeypatch, capsys):
+    from cpu_grpo.engine import sampler as sampler_mod
+
+    monkeypatch.setattr(sampler_mod, "BAR_EVERY", 0.0)
+    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)
+    tick = sampler_mod.ProgressLines(print, "  eval batch 1/1", bar=True)
+    for done in (5, 10):
+        tick(done, 20)
+    tick.end()
+    out = capsys.readouterr().out
+    assert out.startswith("\r  eval batch 1/1: [#####...............] 5/20 ") and out.count("\r") == 2
+    assert "[##########..........] 10/20 " in out and out.endswith("\n") and out.count("\n") == 1
+    lines = []
+    tick = sampler_mod.ProgressLines(lines.append, "  eval batch 1/1")  # not a terminal: one line a tick
+    tick(5, 20)
+    tick.end()
+    assert len(lines) == 1 and lines[0].startswith("  eval batch 1/1: token 5 of at most 20, ")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,24 +58,40 @@ class Sampling:
 
 
 PROGRESS_EVERY = 30.0  # seconds between two progress lines of one rollout (an evaluation batch, a step's sampling)
+BAR_EVERY = 0.5  # seconds between two redraws of a progress bar on a terminal
 
 
-def progress_lines(log, what: str, unit: str = "token", rate: str = "tokens/s a row") -> Callable[[int, int], None]:
-    """A callback `tick(done, of_at_most)` that logs `what` with how far it is, the rate and the most time left, at
-    most every PROGRESS_EVERY seconds (a decode step's Sampling.progress; the Fisher's samples): a batch of 200
-    problems on a busy machine took 10 minutes without a word."""
-    start, last = time.time(), [time.time()]
+class ProgressLines:
+    """A callback `tick(done, of_at_most)` that says `what` with how far it is, the rate and the most time left (a
+    decode step's Sampling.progress; the Fisher's samples; an export's tensors): a batch of 200 problems on a busy
+    machine took 10 minutes without a word. To a log, a line at most every PROGRESS_EVERY seconds; on a terminal
+    (`log` is print and stdout a tty), a bar redrawn in place, ended by `end()` (Sampler.generate calls it)."""
 
-    def tick(done: int, limit: int) -> None:
+    def __init__(self, log, what: str, unit: str = "token", rate: str = "tokens/s a row", bar: bool | None = None):
+        self.log, self.what, self.unit, self.rate = log, what, unit, rate
+        self.bar = (log is print and sys.stdout.isatty()) if bar is None else bar
+        self.start = self.last = time.time()
+        self.drawn = False
+
+    def __call__(self, done: int, limit: int) -> None:
         now = time.time()
-        if now - last[0] < PROGRESS_EVERY:
+        if now - self.last < (BAR_EVERY if self.bar else PROGRESS_EVERY):
             return
-        last[0] = now
-        each = (now - start) / done
-        log(f"{what}: {unit} {done} of at most {limit}, {1 / each:.1f} {rate}, at most {each * (limit - done):.0f} s "
-            "left")
+        self.last, each = now, (now - self.start) / done
+        how = f"{1 / each:.1f} {self.rate}, at most {each * (limit - done):.0f} s left"
+        if not self.bar:
+            self.log(f"{self.what}: {self.unit} {done} of at most {limit}, {how}")
+            return
+        filled = round(20 * done / max(limit, 1))
+        sys.stdout.write(f"\r{self.what}: [{'#' * filled}{'.' * (20 - filled)}] {done}/{limit} {how}\033[K")
+        sys.stdout.flush()
+        self.drawn = True
 
-    return tick
+    def end(self) -> None:
+        """The phase is over: a bar drawn on a terminal gets its line ended (a log needs nothing)."""
+        if self.drawn:
+            sys.stdout.write("\n")
+            self.drawn = False
 
 
 def _plain_name(name: str) -> str:
@@ -327,6 +344,8 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
         if s.progress is not None:
             s.progress(step + 1, max_new_tokens)
         if step == max_new_tokens - 1 or bool(done.all()):
+            if s.progress is not None and hasattr(s.progress, "end"):
+                s.progress.end()
             break
         if int(done.sum()) >= max(1, len(done) // 8):  # drop finished rows from the batch and the cache
             keep = (~done).nonzero().squeeze(-1)

@@ -111,7 +111,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     batches, batch_size = equal_batches(len(todo), batch_size) if todo else (1, 1)
     for i in range(0, len(todo), batch_size):
         part = todo[i:i + batch_size]
-        tick = sampler_mod.progress_lines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
+        tick = sampler_mod.ProgressLines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
         outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1,
                                 dataclasses.replace(sampling, progress=tick))
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]

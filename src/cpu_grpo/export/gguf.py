@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.sampler import progress_lines
+from ..engine.sampler import ProgressLines
 from . import gguf_arch
 from .gguf_arch import ARCHS, GGUFError, gguf_name, permute_rope  # noqa: F401  (the writer's public names)
 
@@ -171,12 +171,13 @@ def add_tensors(w, model, quant: str, log=print) -> dict[str, int]:
         if name is not None and not (tied and name == "output.weight"):
             tensors.append((name, gguf_arch.convert(name, _array(tensor), arch, config)))
     counts: dict[str, int] = {}
-    tick = progress_lines(log, f"  writing {quant}", "tensor", "tensors/s")  # a 0.5B in q4_k_m: minutes
+    tick = ProgressLines(log, f"  writing {quant}", "tensor", "tensors/s")  # a 0.5B in q4_k_m: minutes
     for i, (name, data) in enumerate(tensors):
         qtype = tensor_type(name, data, quant, n, tied)
         w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
         counts[qtype.name] = counts.get(qtype.name, 0) + 1
         tick(i + 1, len(tensors))
+    tick.end()
     return counts
 
 

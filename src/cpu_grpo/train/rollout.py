@@ -12,7 +12,7 @@ import torch
 from ..config import TrainConfig
 from ..data import rewards, tasks
 from ..engine.prompts import encode_prompts
-from ..engine.sampler import progress_lines
+from ..engine.sampler import ProgressLines
 from ..eval.evaluate import Judge
 from .distributed import World
 
@@ -72,10 +72,10 @@ def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch
            what: str = "") -> Rollout:
     """G completions for each problem of the batch as `sampling` says (its limit, temperature, stop tokens), from
     the sampler with the run's generator; a rollout that takes long says how far it is, as `what`
-    (rollout.progress_lines)."""
+    (engine.sampler.ProgressLines)."""
     prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     if what:
-        sampling = dataclasses.replace(sampling, progress=progress_lines(log, what))
+        sampling = dataclasses.replace(sampling, progress=ProgressLines(log, what))
     completions = sampler.generate(prompts, cfg.num_generations, sampling, gen)
     limit, stops = sampling.max_new_tokens, sampling.stops
     truncated = [len(c) >= limit and c[-1] not in stops for c in completions]

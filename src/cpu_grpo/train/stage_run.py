@@ -16,7 +16,7 @@ from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
 from ..engine.prompts import encode_prompts
-from ..engine.sampler import progress_lines
+from ..engine.sampler import ProgressLines
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
@@ -145,9 +145,9 @@ def estimate_fisher(r: Run, p: Progress, s: StageRun) -> dict[str, torch.Tensor]
     prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (s.index + 1))
     sampling = dataclasses.replace(r.sampling(s.stage.max_new_tokens),
-                                   progress=progress_lines(r.log, "  Fisher: sampling"))
+                                   progress=ProgressLines(r.log, "  Fisher: sampling"))
     completions = r.sampler.generate(prompts, 1, sampling, gen)
-    tick = progress_lines(r.log, "  Fisher: gradients", "sample", "samples/s")
+    tick = ProgressLines(r.log, "  Fisher: gradients", "sample", "samples/s")
 
     def seq_logprob(i: int) -> torch.Tensor:
         logp, mask = group_logprobs(r.model, prompts, completions, [i], 1, r.tok.pad_token_id, cfg.temperature,
@@ -156,7 +156,9 @@ def estimate_fisher(r: Run, p: Progress, s: StageRun) -> dict[str, torch.Tensor]
             tick(i, len(batch))
         return (logp * mask).sum()
 
-    return ewc.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
+    fisher = ewc.fisher_diagonal(r.model, seq_logprob, n, len(batch), r.world.sum_tensors)
+    tick.end()
+    return fisher
 
 
 def finish_stage(r: Run, p: Progress, s: StageRun, eval_set: list[curriculum.HeldOut], resumed: bool) -> None:
