@@ -267,12 +267,17 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
                 f"(functions there: {', '.join(_own_functions(module)) or 'none'})"
             )
         return getattr(module, found[0])
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
+    if not spec.rpartition(":")[0] or not spec.rpartition(":")[2]:
         raise RewardError(
             f"reward {spec!r} is not a builtin ({', '.join(BUILTIN_NAMES)}); give one of those, "
             "'package.module:function', 'path/to/file.py:function' or 'path/to/file.py'"
         )
+    return load_function(spec)
+
+
+def load_function(spec: str, kind: str = "reward") -> Callable:
+    """The function "package.module:function" or "path/to/file.py:function" names (a reward, a tool)."""
+    target, _, name = spec.rpartition(":")
     if target.endswith(".py"):
         module, where = _load_file(spec, target), f"file {target}"
     else:
@@ -281,7 +286,7 @@ def load_reward(spec: str, max_completion_len: int = 0) -> RewardFn:
     if not callable(fn):
         problem = f"has no function {name!r}" if fn is None else f"has {name!r} but it is not callable"
         raise RewardError(
-            f"reward {spec!r}: {where} {problem}; available: {', '.join(_own_functions(module)) or 'none'}"
+            f"{kind} {spec!r}: {where} {problem}; available: {', '.join(_own_functions(module)) or 'none'}"
         )
     return _named(fn, name)
 
