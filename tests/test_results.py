@@ -37,8 +37,8 @@ def gsm8k_1319(first_500: Path, rest: Path | None) -> dict:
 
 def pairs() -> dict[tuple[str, str], list[tuple[dict, dict]]]:
     """(profile, level) -> one (before, after) pair of id -> (level, correct) maps per seed."""
-    demo = [(load(R / f"demo-seeds/seed{s}/eval_before.jsonl.gz"), load(R / f"demo-seeds/seed{s}/eval_after.jsonl.gz"))
-            for s in range(3)]
+    demo = [(load(R / f"demo-recipe/bf16-seed{s}/eval_before.jsonl.gz"),
+             load(R / f"demo-recipe/bf16-seed{s}/eval_after.jsonl.gz")) for s in range(3)]
     default = [(load(R / run / "eval_before.jsonl.gz"), load(R / run / "eval_after.jsonl.gz")) for run in DEFAULT]
     full = R / "default-gsm8k-full"
     base = gsm8k_1319(R / "default-gsm8k-first500-seed1/base.jsonl.gz", full / "base.jsonl.gz")
