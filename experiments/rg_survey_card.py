@@ -7,6 +7,7 @@ README table of base accuracy by task with its family and 95% interval.
 
 import gzip
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -32,11 +33,12 @@ def main(card: Path, raw: Path) -> None:
     rows = []
     for path in sorted(card.glob("*.jsonl.gz")):
         records = [json.loads(line) for line in gzip.open(path, "rt")]
-        model, task = path.name.removesuffix(".jsonl.gz").rsplit("-", 1)[0], records[0]["difficulty"]
+        name = re.fullmatch(r"(?P<model>.+?)-(?P<task>[a-z0-9_]+)(?:--(?P<config>.+))?", path.name.removesuffix(".jsonl.gz"))
+        model, task = name["model"], name["task"] + (f":{name['config']}" if name["config"] else "")
         right, n = sum(r["correct"] for r in records), len(records)
         lo, hi = wilson_interval(right, n)
         finished = sum(r["finished"] for r in records) / n
-        rows.append((family(task), task, model, n, right / n, lo, hi, finished))
+        rows.append((family(name["task"]), task, model, n, right / n, lo, hi, finished))
     lines = ["| family | task | model | n | base accuracy (95% CI) | finished | 5-60% |",
              "|---|---|---|---:|---|---:|---|"]
     for fam, task, model, n, acc, lo, hi, fin in sorted(rows):

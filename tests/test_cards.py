@@ -11,7 +11,7 @@ KINDS = {
     "a run's own files": r"summary\.json|status\.json|forgetting\.json|train_config\.yaml|metrics\.jsonl|stages\.jsonl|"
                          r"samples\.jsonl|report\.md",
     "a config file given to a run": r"[\w.-]+\.yaml",
-    "per-problem evaluation records": r"[\w.-]+\.jsonl\.gz",
+    "per-problem evaluation records": r"[\w.,=-]+\.jsonl\.gz",  # a reasoning-gym task's config in its name
     "a comparison or ablation table": r"(compare|ABLATION)[\w.-]*\.md",
     "an evaluation's console summary or a run's timing": r"[\w.-]+\.(log|txt)",
     "a plot": r"[\w.-]+\.png",
