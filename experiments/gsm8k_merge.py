@@ -1,12 +1,16 @@
-"""GSM8K's 1,319 test problems for the base, seed-0 and seed-1 models: the first 500 from results/default-gsm8k-first500-*,
-lines 501-1319 from results/default-gsm8k-full (ids renamed test.jsonl:N). Run from the repository root."""
-import gzip, json
+"""GSM8K's 1,319 test problems for the base, seed-0 and seed-1 models: the first 500 from
+results/default-gsm8k-first500-*, lines 501-1319 from results/default-gsm8k-full (ids renamed test.jsonl:N).
+Run from the repository root."""
+import gzip
+import json
+
 R = "results"  # run from the repository root; writes /tmp/<model>-1319.jsonl
-first = {"base": f"{R}/default-gsm8k-first500-seed1/base.jsonl.gz", "seed0": f"{R}/default-gsm8k-first500-seed0/seed0.jsonl.gz",
+first = {"base": f"{R}/default-gsm8k-first500-seed1/base.jsonl.gz",
+         "seed0": f"{R}/default-gsm8k-first500-seed0/seed0.jsonl.gz",
          "seed1": f"{R}/default-gsm8k-first500-seed1/seed1.jsonl.gz"}
 for m, f in first.items():
-    a = [json.loads(l) for l in gzip.open(f, "rt")]
-    b = [json.loads(l) for l in gzip.open(f"{R}/default-gsm8k-full/{m}.jsonl.gz", "rt")]
+    a = [json.loads(line) for line in gzip.open(f, "rt")]
+    b = [json.loads(line) for line in gzip.open(f"{R}/default-gsm8k-full/{m}.jsonl.gz", "rt")]
     assert len(a) == 500 and len(b) == 819, (len(a), len(b))
     for r in b:
         name, k = r["id"].rsplit(":", 1)

@@ -33,7 +33,8 @@ def main(card: Path, raw: Path) -> None:
     rows = []
     for path in sorted(card.glob("*.jsonl.gz")):
         records = [json.loads(line) for line in gzip.open(path, "rt")]
-        name = re.fullmatch(r"(?P<model>.+?)-(?P<task>[a-z0-9_]+)(?:--(?P<config>.+))?", path.name.removesuffix(".jsonl.gz"))
+        name = re.fullmatch(r"(?P<model>.+?)-(?P<task>[a-z0-9_]+)(?:--(?P<config>.+))?",
+                            path.name.removesuffix(".jsonl.gz"))
         model, task = name["model"], name["task"] + (f":{name['config']}" if name["config"] else "")
         right, n = sum(r["correct"] for r in records), len(records)
         lo, hi = wilson_interval(right, n)
