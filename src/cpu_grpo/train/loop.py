@@ -147,14 +147,12 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
         log(line)
     if world.main:
         save(cfg, run_dir / "train_config.yaml")
-    r, ref, p = build_run(cfg, run_dir, ckpt, log, world)
+    r, ref, p = build_run(cfg, run_dir, ckpt, log, world, commit=rundir.code_version(),  # now: the checkout may change
+                          saved=hooks.saved if hooks else None)
     eval_set = [dataclasses.replace(s, examples=fitting(r, s.examples, s.max_new_tokens, s.task)) for s in eval_set]
-    r.commit = rundir.code_version()  # now, not at the end: the checkout may change while a run trains
     if world.main and world.size == 1:  # the forecast, to set beside the steps that follow
         machine = planner.Machine.measure(0.4)
         log(planner.forecast(cfg, planner.Shapes.of(r.model.config), machine, cfg.model))
-    if hooks:
-        r.saved = hooks.saved
     # from here a stop request is honoured after the evaluation or step at hand
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     tracker = Tracker(run_dir, log, cfg.total_steps, cfg.report_to, cfg.to_dict(), hooks) if world.main else \

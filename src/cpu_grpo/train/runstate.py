@@ -7,10 +7,12 @@ import errno
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from ..config import TrainConfig
 from ..config.stages import Stage
@@ -118,22 +120,22 @@ class Progress:
 @dataclass
 class Run:
     """What the loop works with (its progress travels apart, as a Progress); no global state, so a process can hold
-    several (tests) or one per rank."""
+    several (tests) or one per rank. Built once by build_run; only the EWC anchors grow as stages end."""
 
     cfg: TrainConfig
     dir: Path
-    model: object
-    tok: object
+    model: torch.nn.Module
+    tok: PreTrainedTokenizerBase
     sampler: Sampler
     opt: torch.optim.Optimizer
     gen: torch.Generator
     stops: tuple[int, ...]
     autocast: bool
-    log: object
+    log: Callable[..., None]
     world: World = SINGLE  # this process's rank among the data-parallel ranks (one process: SINGLE)
     ewc: ewc.EWC = field(default_factory=ewc.EWC)
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
-    saved: object = field(default=lambda path: None, repr=False)  # told of each checkpoint written (rank 0)
+    saved: Callable[[Path], None] = field(default=lambda path: None, repr=False)  # told of each checkpoint (rank 0)
 
     def sampling(self, max_new_tokens: int, greedy: bool = False) -> Sampling:
         """How rollouts are sampled up to `max_new_tokens` (the config's temperature and top-k/p), or the greedy
@@ -169,8 +171,8 @@ def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Pa
     return run, ckpt, created
 
 
-def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
-              world: World = SINGLE) -> tuple[Run, object, Progress]:
+def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: World = SINGLE, commit: str = "",
+              saved: Callable[[Path], None] | None = None) -> tuple[Run, torch.nn.Module | None, Progress]:
     """Model, sampler, optimizer and generator; restored from `ckpt` when resuming. Returns (run, reference,
     progress). Called under the run's lock: half-written checkpoint directories and log records past `ckpt` are
     removed. Every rank builds its own; each samples with its own generator (rank 0's seed is the run's seed)."""
@@ -190,7 +192,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log,
     sampler = Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32,
                       copy=cfg.use_lora and cfg.lora_rollout == "merged")
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
-    run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world)
+    run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world, commit=commit,
+              **({"saved": saved} if saved else {}))
     progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
