@@ -26,6 +26,7 @@ class Rollout:
     completions: list[list[int]]
     texts: list[str]
     truncated: list[bool]  # cut at the length limit before the model ended it
+    model_mask: list[list[int]] | None = None  # with tools: 1 where the model wrote the token, 0 tool results
 
     @property
     def group_size(self) -> int:
@@ -38,11 +39,13 @@ class Rollout:
         rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
         return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
                        [self.completions[k] for k in rows], [self.texts[k] for k in rows],
-                       [self.truncated[k] for k in rows])
+                       [self.truncated[k] for k in rows],
+                       None if self.model_mask is None else [self.model_mask[k] for k in rows])
 
     def __add__(self, other: Rollout) -> Rollout:
+        masks = None if self.model_mask is None else self.model_mask + other.model_mask
         return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
-                       self.texts + other.texts, self.truncated + other.truncated)
+                       self.texts + other.texts, self.truncated + other.truncated, masks)
 
 
 @dataclass

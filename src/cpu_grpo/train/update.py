@@ -98,8 +98,11 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     # mask_truncated_completions (DAPO): a completion cut at the limit is left out of the loss and its normaliser
     masked = [cfg.mask_truncated_completions and cut for cut in rollout.truncated]
     kept = 1.0 - torch.tensor(masked, dtype=torch.float)
+    # with tools, only the tokens the model wrote are trained and counted (tool results are not its actions)
+    written = _written(rollout.model_mask, lengths)
+    trained = [n if written is None else int(written[i].sum()) for i, n in enumerate(lengths)]
     norm = {"num_seqs": len(completions), "max_new_tokens": limit,
-            "num_tokens": max(1, sum(n for n, out in zip(lengths, masked, strict=True) if not out))}
+            "num_tokens": max(1, sum(n for n, out in zip(trained, masked, strict=True) if not out))}
     entropy = cfg.top_entropy_quantile < 1
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     r.opt.zero_grad(set_to_none=True)
@@ -111,6 +114,8 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
                                           shared.prefix(part) if shared else None, entropy)
         rows = [i * g + j for i in part for j in samples]
         mask = mask * kept[rows, None]
+        if written is not None:
+            mask = mask * written[rows, :mask.shape[1]]
         loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
                              fixed.get((part, samples, "ref")), adv[rows], mask, norm,
                              cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type, cfg.importance_sampling_level,
@@ -160,6 +165,16 @@ def check_update(r: Run, p: Progress, upd: Update, log) -> int:
         log(f"warning: step {p.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
             "saturated by an earlier update; lower --learning-rate")
     return 0
+
+
+def _written(model_mask: list[list[int]] | None, lengths: list[int]) -> torch.Tensor | None:
+    """The (N, T) mask of the tokens the model wrote (tools' results 0; T the longest completion), or None."""
+    if model_mask is None:
+        return None
+    out = torch.zeros(len(lengths), max(lengths, default=0))
+    for i, m in enumerate(model_mask):
+        out[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+    return out
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -1,0 +1,99 @@
+"""Multi-turn rollouts with tools (issue 69), TRL's way: the prompt carries the tools' schemas through the chat
+template; after each assistant turn its tool calls are run and their results appended as `tool` messages (tokenized
+as the template writes them: `tool_suffix_ids`), and the model goes on until it answers without a call, reaches
+`max_calls` rounds, or the completion budget is spent. A row's completion is every token after its prompt: the
+model's (trained, mask 1) and the tools' and the template's (mask 0, out of the loss and the log-prob ratio).
+
+This first version prefills each continued conversation again (the sampler's `generate` on prompt + completion so
+far); the fast path keeps each row's KV cache across turns (issue 69, item 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..data import tools as tool_lib
+
+
+@dataclass
+class Turns:
+    """One row's conversation after its prompt: the completion's tokens, which of them the model wrote (1) and
+    which the tools and the template did (0), its messages (assistant, tool, ...) and the tool calls it made."""
+
+    ids: list[int] = field(default_factory=list)
+    model_mask: list[int] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    calls: int = 0
+    failed: int = 0
+
+    def add(self, ids: list[int], by_model: bool) -> None:
+        self.ids += ids
+        self.model_mask += [int(by_model)] * len(ids)
+
+
+def prompt_ids(tok, chat: list[dict], schemas: list[dict]) -> list[int]:
+    """The prompt with the tools' schemas, as the model's chat template renders them, and the assistant header."""
+    text = tok.apply_chat_template(chat, tools=schemas, tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def tool_suffix_ids(tok, tool_messages: list[dict]) -> list[int]:
+    """The tokens the chat template writes between an assistant turn that called tools and the next assistant turn:
+    the tool results and the next assistant header (TRL's way: a dummy conversation rendered with and without
+    them; the difference after the assistant turn's end-of-turn token)."""
+    call = {"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    prefix = tok.apply_chat_template(dummy, tokenize=True, add_generation_prompt=False, return_dict=False)
+    full = tok.apply_chat_template(dummy + tool_messages, tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
+    ends = [i for i, t in enumerate(prefix) if t == tok.eos_token_id]
+    prefix = prefix[:ends[-1] + 1] if ends else prefix
+    if full[:len(prefix)] != prefix:
+        raise tool_lib.ToolError("the chat template renders tool results in a way that does not continue the "
+                                 "conversation before them: use a model whose template takes tools")
+    return full[len(prefix):]
+
+
+Generate = Callable[[list[list[int]], int, int], list[list[int]]]  # (prompts, completions each, token limit)
+
+
+def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, tools: list[Callable], budget: int,
+                      max_calls: int, stops: tuple[int, ...]) -> tuple[list[list[int]], list[Turns]]:
+    """G conversations for each chat (group-major), each within `budget` completion tokens. `generate(prompts, k,
+    limit)` samples k completions of up to `limit` tokens for each prompt (the run's sampler and generator): the
+    first turn k = g from each prompt, then one continuation for each conversation that called a tool. Returns the
+    prompts (one a chat) and each row's Turns."""
+    schemas = tool_lib.schemas(tools)
+    prompts = [prompt_ids(tok, chat, schemas) for chat in chats]
+    rows = [Turns() for _ in range(len(chats) * g)]
+    live = list(range(len(rows)))
+    for round_ in range(max_calls + 1):
+        outs = generate(prompts, g, budget) if round_ == 0 else \
+            generate([prompts[r // g] + rows[r].ids for r in live], 1, budget - min(len(rows[r].ids) for r in live))
+        going = []
+        for r, out in zip(live, outs, strict=True):
+            turns = rows[r]
+            out = out[:budget - len(turns.ids)]
+            turns.add(out, by_model=True)
+            text = tok.decode(out, skip_special_tokens=True)
+            calls = tool_lib.tool_calls(text)
+            turns.messages.append({"role": "assistant", "content": text,
+                                   **({"tool_calls": [c for c in calls if c["type"] == "function"]} if calls else {})})
+            if not calls or round_ == max_calls or not out or out[-1] not in stops:
+                continue  # an answer, the last round, or cut at the budget: the conversation ends here
+            results = []
+            for c in calls:
+                name, result, failed = tool_lib.call(tools, c)
+                turns.calls, turns.failed = turns.calls + 1, turns.failed + failed
+                results.append({"role": "tool", "name": name, "content": result})
+            suffix = tool_suffix_ids(tok, results)
+            if len(turns.ids) + len(suffix) >= budget:  # no room to answer after the results: it ends here
+                continue
+            turns.messages += results
+            turns.add(suffix, by_model=False)
+            going.append(r)
+        live = going
+        if not live:
+            break
+    return [prompts[r // g] for r in range(len(rows))], rows

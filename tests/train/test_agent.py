@@ -1,0 +1,93 @@
+"""Multi-turn rollouts with tools (issue 69's first pieces): the tool results' tokens as the chat template writes
+them, conversations that call tools and answer, and an update that trains only the tokens the model wrote."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoTokenizer
+
+from cpu_grpo import config
+from cpu_grpo.data import tasks
+from cpu_grpo.data.tools import calculator
+from cpu_grpo.train import runstate, update
+from cpu_grpo.train.agent import sample_with_tools, tool_suffix_ids
+from cpu_grpo.train.rollout import Rollout
+
+# Hermes-style tools, as Qwen2.5's template writes them (shortened): schemas in a system turn, calls in <tool_call>,
+# results in a user turn's <tool_response>
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}{% endfor %}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tool_tok(tiny_model):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.chat_template = TOOL_TEMPLATE
+    return tok
+
+
+def test_tool_results_are_tokenized_as_the_template_writes_them(tiny_model):
+    tok = tool_tok(tiny_model)
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "calculator", "content": "42"}])
+    expected = "\n<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(suffix) == expected
+
+
+def test_a_conversation_calls_a_tool_reads_its_result_and_answers(tiny_model):
+    """A scripted model: the first turn calls the calculator (or a tool that is not there), the second answers.
+    Each row's completion is its turns' tokens, the model's marked 1, the tool results and headers 0."""
+    tok = tool_tok(tiny_model)
+    eos = tok.eos_token_id
+    scripted = {0: ['<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>',
+                    '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>'],
+                1: ["#### 42", "#### 0"]}
+    asked = []
+
+    def generate(prompts, k, limit):  # round 0: the group's 2 first turns; round 1: each conversation's next turn
+        asked.append((len(prompts), k))
+        return [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in scripted[len(asked) - 1]]
+
+    chats = [[{"role": "user", "content": "What is 6 * 7?"}]]
+    prompts, rows = sample_with_tools(tok, generate, chats, 2, [calculator], 200, 3, (eos,))
+    assert asked == [(1, 2), (2, 1)]  # the answers call nothing: two rounds
+    assert "Tools: calculator" in tok.decode(prompts[0])
+    right, wrong = rows
+    assert [m["role"] for m in right.messages] == ["assistant", "tool", "assistant"]
+    assert right.messages[1]["content"] == "42" and right.calls == 1 and right.failed == 0
+    assert wrong.messages[1]["content"] == "{'error': 'Tool abacus not found.'}" and wrong.failed == 1
+    text = tok.decode(right.ids)
+    assert text.startswith('<tool_call>{"name": "calculator"') and text.endswith("#### 42<|im_end|>")
+    written = tok.decode([t for t, m in zip(right.ids, right.model_mask, strict=True) if m])
+    not_written = tok.decode([t for t, m in zip(right.ids, right.model_mask, strict=True) if not m])
+    assert "<tool_response>42</tool_response>" in not_written and "42</tool_response>" not in written
+    assert written.endswith("#### 42<|im_end|>")
+
+
+def test_the_update_trains_only_the_tokens_the_model_wrote(tiny_model, tmp_path):
+    """The same rollout with every token marked the model's trains as without a mask; with none marked, nothing."""
+    g = 2
+    batch = [tasks.Example("question 0", "1", "basic", id="q0")]
+    rollout = Rollout(batch, [[5, 6, 7]], [[8, 9, 10, 11], [12, 13]], ["", ""], [False, False])
+    adv = torch.tensor([1.0, -1.0])
+    cfg = config.build(None, None, dict(model=tiny_model, learning_rate=1e-30, max_grad_norm=0, num_generations=g,
+                                        prompts_per_step=1, max_new_tokens=8, bf16=False, eval_size=0))
+
+    def loss(mask):
+        torch.manual_seed(0)
+        r, _, _ = runstate.build_run(cfg, tmp_path / str(mask), None, lambda *a: None)
+        given = Rollout(*[getattr(rollout, f) for f in ("batch", "prompts", "completions", "texts", "truncated")],
+                        model_mask=mask)
+        return update.update(r, None, given, adv, cfg.max_new_tokens, cfg.learning_rate).sums["loss"]
+
+    plain = loss(None)
+    assert plain != 0 and loss([[1, 1, 1, 1], [1, 1]]) == plain
+    assert loss([[0, 0, 0, 0], [0, 0]]) == 0.0
+    assert loss([[1, 0, 0, 1], [1, 1]]) != plain
