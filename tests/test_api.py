@@ -103,7 +103,8 @@ def test_the_cli_and_yaml_take_trl_names(tmp_path):
     (dict(reward_funcs=None), "needs reward_funcs"),
     (dict(train_dataset=None), "needs a train_dataset"),
     (dict(optimizers=(object(), None)), "optimizers=...) is not supported"),
-    (dict(tools=[print]), "tools=...) is not supported by cpu-grpo yet"),
+    (dict(tools=[3]), "tools=[...] holds a int: give functions"),
+    (dict(environment_factory=object), "environment_factory=...) is not supported by cpu-grpo yet"),
     (dict(train_dataset={"train": rows()}), "give one split"),
     (dict(reward_funcs=[length_reward, length_reward]), "two reward functions are named length_reward"),
 ])

@@ -41,7 +41,8 @@ def test_describe_has_one_line_per_field():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(steps=-1), "steps must be >= 0"),
-    (dict(prompts_per_step=0), "prompts_per_step must be >= 1"),
+    (dict(max_tool_calling_iterations=-1), "max_tool_calling_iterations must be >= 0"),
+    (dict(prompts_per_step=0), "prompts_per_step >= 1"),
     (dict(num_generations=1), "num_generations must be >= 2: GRPO compares samples within a group"),
     (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(temperature=-0.1), "temperature must be > 0: rollouts are sampled"),

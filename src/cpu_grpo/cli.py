@@ -74,6 +74,7 @@ def cmd_eval(args) -> int:
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
     from .machine.doctor import bf16_wanted
+    from .train.runstate import offered_tools
 
     if args.output and not Path(args.output).resolve().parent.is_dir():  # found now, not after the evaluation
         print(f"cpu-grpo: --output {args.output}: its directory does not exist: create it, or choose another path.",
@@ -110,8 +111,9 @@ def cmd_eval(args) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    tools = offered_tools(trained["tools"], args.model, tok)  # a run with tools is evaluated with them
     records = run_eval(sampler, tok, examples, instruction, greedy, args.output, system=system, judge=judge,
-                       stop=lambda: bool(asked))
+                       stop=lambda: bool(asked), tools=tools, max_calls=trained["max_tool_calling_iterations"])
     print(level_tables(metric_summary(records)))
     return 0
 
@@ -170,9 +172,9 @@ def _trained_with(model: str, task: str) -> dict:
     saved, verifier = Path(model) / "train_config.yaml", verifier_of(task)
     mine = config_mod.load_file(saved) if saved.is_file() else {"rewards": [verifier]} if verifier else {}
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
-              "reward_timeout", "bf16")
-    return {k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
-            list(mine.get("rewards") or ["correctness"]) for k in fields}
+              "reward_timeout", "bf16", "max_tool_calling_iterations")
+    return {**{k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
+               list(mine.get("rewards") or ["correctness"]) for k in fields}, "tools": list(mine.get("tools") or [])}
 
 
 def cmd_compare(args) -> int:

@@ -40,7 +40,7 @@ TRL_ONLY = dict(
     vespo_lambda_pos=3.0, vespo_k_neg=3.0, vespo_lambda_neg=2.0, sync_ref_model=False,
     ref_model_mixup_alpha=0.6, ref_model_sync_steps=512, entropy_coef=0.0,
     use_adaptive_entropy=False, entropy_coef_min=0.0, entropy_coef_max=1.0, entropy_coef_delta=0.005,
-    entropy_target=0.2, max_tool_calling_iterations=None, vllm_importance_sampling_correction=True,
+    entropy_target=0.2, vllm_importance_sampling_correction=True,
     vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0,
     vllm_importance_sampling_clip_min=None, off_policy_mask_threshold=None, use_bias_correction_kl=True,
     log_multimodal=True, num_completions_to_print=None, log_unique_prompts=False, log_completions_hub_repo=None,
@@ -100,6 +100,8 @@ class GRPOConfig:
         where max_steps is not set, as TRL counts them)."""
         trl = {k: getattr(self, k) for k in TRL_DEFAULTS}
         ours = {k: getattr(self, k) for k in self._given if k in OURS and k not in TRL_DEFAULTS}
+        if ours.get("max_tool_calling_iterations", 0) is None:  # TRL's default, no limit: this tool's default
+            del ours["max_tool_calling_iterations"]
         if self.epsilon_high is None:  # TRL: the upper clip is epsilon's
             trl["epsilon_high"] = self.epsilon
         trl["scale_rewards"] = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)

@@ -29,15 +29,16 @@ PROFILE = "python"  # summary.json's profile of a run started from Python
 
 
 class GRPOTrainer:
-    """TRL's signature; the arguments this tool cannot honour (optimizers, quantization, tools, ...) are refused
-    when given, each in one sentence."""
+    """TRL's signature; the arguments this tool cannot honour (optimizers, quantization, environments, ...) are
+    refused when given, each in one sentence. `tools`: typed functions with a docstring, or builtin names
+    ("calculator"), as `cpu-grpo train --tools` takes them."""
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
                  environment_factory=None):
         refused = {"reward_processing_classes": reward_processing_classes, "quantization_config":
-                   quantization_config, "tools": tools, "rollout_func": rollout_func,
+                   quantization_config, "rollout_func": rollout_func,
                    "environment_factory": environment_factory}
         if name := next((k for k, v in refused.items() if v is not None), None):
             raise ConfigError(f"GRPOTrainer({name}=...) is not supported by cpu-grpo yet: remove it.")
@@ -56,6 +57,10 @@ class GRPOTrainer:
             raise ConfigError(f"args is a {type(args).__name__}: give cpu_grpo.GRPOConfig(...) (TRL's field names).")
         self.args = args
         self.rewards, self.functions = _rewards(reward_funcs)
+        self.tools = list(tools or [])
+        if bad := next((t for t in self.tools if not (callable(t) or isinstance(t, str))), None):
+            raise ConfigError(f"tools=[...] holds a {type(bad).__name__}: give functions (typed, with a docstring) "
+                              "or builtin names such as 'calculator'.")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.lora = _lora(peft_config)
         self.callbacks = [c() if isinstance(c, type) else c for c in callbacks or []]
@@ -86,6 +91,7 @@ class GRPOTrainer:
         fields = self.args.fields(rows)
         fields.setdefault("reward_weights", [1.0] * len(self.rewards))
         mine = {"model": self.model_spec, "task": task, "rewards": self.rewards, "output_dir": str(self.run_dir),
+                **({"tools": [t if isinstance(t, str) else t.__name__ for t in self.tools]} if self.tools else {}),
                 "train_size": max(config.TrainConfig.train_size, rows), **self.lora,
                 **({"eval_size": eval_size} if eval_size else {})}
         return config.build(None, None, {**fields, **mine})
@@ -95,7 +101,7 @@ class GRPOTrainer:
         transformers' TrainOutput(global_step, training_loss, metrics)."""
         from transformers.trainer_utils import TrainOutput
 
-        from .data import rewards
+        from .data import rewards, tools
         from .engine import models
         from .train.loop import train
 
@@ -112,7 +118,7 @@ class GRPOTrainer:
         hooks = _Callbacks(self.callbacks, self.args, cfg.total_steps)
         hooks.call("on_train_begin")
         given = models.given(self.model_spec, *self._given) if self._given else contextlib.nullcontext()
-        with given, rewards.given(self.functions):
+        with given, rewards.given(self.functions), tools.given([t for t in self.tools if callable(t)]):
             train(cfg, profile=PROFILE, resume=resume, stop=hooks.stop, hooks=hooks)
         records = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in records if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]

@@ -108,6 +108,12 @@ class TrainConfig:
                                             "a run is refused; on only where you would give the model a shell)")
     score_truncated: bool = _f(False, "score completions cut at max_new_tokens like the others (off: they earn no "
                                       "credit, penalties still count, since an answer that never ends is no answer)")
+    # -- tools (TRL's): the model may call them; the conversation, its results included, stays within max_new_tokens
+    tools: list[str] = _f([], "tools the model may call, typed Python functions with a docstring: builtin names "
+                              "(calculator) or file.py:f,g or module:f; trained and evaluated with them, their "
+                              "results masked out of the loss (docs/tasks.md)")
+    max_tool_calling_iterations: int = _f(5, "with tools: rounds of tool calls a conversation may make before its "
+                                             "last turn")
     # -- GRPO
     loss_type: str = _f("dapo", "aggregation: grpo (per-sequence mean), dapo (token mean), dr_grpo (constant)")
     scale_rewards: str = _f("group", "advantage scale: group std, batch std, or none (Dr. GRPO)")
@@ -181,8 +187,7 @@ class TrainConfig:
     def validate(self) -> None:
         unknown_trackers = sorted(set(self.report_to) - {"tensorboard", "trackio", "wandb"})
         checks = [
-            (self.steps >= 0, "steps must be >= 0"),
-            (self.prompts_per_step >= 1, "prompts_per_step must be >= 1"),
+            (self.steps >= 0 and self.prompts_per_step >= 1, "steps must be >= 0 and prompts_per_step >= 1"),
             (self.num_generations >= 2, "num_generations must be >= 2: GRPO compares samples within a group"),
             (self.max_new_tokens >= 1, "max_new_tokens must be >= 1"),
             (self.temperature > 0, "temperature must be > 0: rollouts are sampled, and their log-probs are divided "
@@ -198,7 +203,8 @@ class TrainConfig:
             (len(self.rewards) == len(self.reward_weights),
              f"rewards has {len(self.rewards)} entries but reward_weights has {len(self.reward_weights)}: "
              "give one weight per reward function"),
-            (self.reward_timeout >= 0, "reward_timeout must be >= 0 seconds (0: no limit)"),
+            (min(self.reward_timeout, self.max_tool_calling_iterations) >= 0,
+             "reward_timeout and max_tool_calling_iterations must be >= 0"),
             (self.loss_type in ("grpo", "dapo", "dr_grpo"), "loss_type must be grpo, dapo or dr_grpo"),
             (self.scale_rewards in ("group", "batch", "none"), "scale_rewards must be group, batch or none"),
             (self.beta >= 0, "beta must be >= 0"),

@@ -13,6 +13,7 @@ own format, and answered with a `tool` message. The pieces of issue 69's multi-t
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import operator
 import re
@@ -70,6 +71,18 @@ def _evaluate(node: ast.AST) -> Fraction:
 
 
 BUILTIN_TOOLS: dict[str, Callable] = {"calculator": calculator}
+GIVEN: dict[str, Callable] = {}  # functions handed over in this process (the Python API's tools=): name -> function
+
+
+@contextlib.contextmanager
+def given(fns: list[Callable]):
+    """While inside, these functions are tools by their names (a script's or a notebook's own)."""
+    GIVEN.update({fn.__name__: fn for fn in fns})
+    try:
+        yield
+    finally:
+        for fn in fns:
+            GIVEN.pop(fn.__name__, None)
 
 
 def load_tools(specs: list[str]) -> list[Callable]:
@@ -78,11 +91,13 @@ def load_tools(specs: list[str]) -> list[Callable]:
     from .rewards import RewardError, load_function
 
     tools: list[Callable] = []
+    last = ""  # a bare name after file.py:f is that file's (`--tools my.py:f,g` arrives as "my.py:f", "g")
     for spec in specs:
-        if spec in BUILTIN_TOOLS:
-            tools.append(BUILTIN_TOOLS[spec])
+        if spec in GIVEN or spec in BUILTIN_TOOLS:
+            tools.append(GIVEN.get(spec) or BUILTIN_TOOLS[spec])
             continue
         where, _, names = spec.rpartition(":")
+        where, last = where or last, where or last
         if not where:
             raise ToolError(f"tool {spec!r} is not a builtin ({', '.join(BUILTIN_TOOLS)}): give one of those, or "
                             "file.py:function or package.module:function")

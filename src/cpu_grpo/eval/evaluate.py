@@ -51,7 +51,7 @@ class Judge:
     def by_reward(self, ex: tasks.Example) -> bool:
         return self.everywhere or not ex.math
 
-    def verdicts(self, examples: list, texts: list[str], judged: list[float]) -> list[bool]:
+    def verdicts(self, examples: list, texts: list, judged: list[float]) -> list[bool]:
         """Whether each completion is right, from the judging reward's values already computed for it (a training
         step's: the reward is not called again, and a completion cut at the limit has scored 0): a math row by its
         extracted answer unless `everywhere`, any other by its value being 1."""
@@ -71,8 +71,10 @@ class Judge:
                 f"problems it judged 0: if that is not what you expect, check the columns it reads and their types "
                 f"({kinds or 'none'})")
 
-    def scores(self, examples: list, texts: list[str], outs: list[list[int]], log=print) -> list[bool | None]:
-        """Whether each completion is right by the reward (None for those judged by their answer)."""
+    def scores(self, examples: list, texts: list[str], outs: list[list[int]], log=print,
+               transcripts: list | None = None) -> list[bool | None]:
+        """Whether each completion is right by the reward (None for those judged by their answer); with tools the
+        reward gets each exchange (`transcripts`), as in training."""
         mine = [i for i, ex in enumerate(examples) if self.by_reward(ex)]
         if not mine:
             return [None] * len(examples)
@@ -83,8 +85,9 @@ class Judge:
                             "code), or train with rewards that start with it")
         part = [examples[i] for i in mine]
         columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine]}
-        values = rewards.call_reward(self.fn, rewards.as_completions([texts[i] for i in mine], part), columns,
-                                     [ex.id for ex in part], log, self.time_limit)
+        given = [transcripts[i] for i in mine] if transcripts else \
+            rewards.as_completions([texts[i] for i in mine], part)
+        values = rewards.call_reward(self.fn, given, columns, [ex.id for ex in part], log, self.time_limit)
         out: list[bool | None] = [None] * len(examples)
         for i, v in zip(mine, values, strict=True):
             out[i] = v == 1.0
@@ -92,14 +95,16 @@ class Judge:
 
 
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
-             batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge(), stop=lambda: False) -> list[dict]:
+             batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge(), stop=lambda: False,
+             tools: list = (), max_calls: int = 0) -> list[dict]:
     """One completion for every example (greedy: `sampling` with temperature 0), asked as `Example.chat` says (the
     instruction appended to math questions, the system turn), in equal batches of at most `batch_size`; one record
     per problem (correct as `judge` decides; finished: the model ended it within the limit).
 
     With `out_path`, each batch's records are appended as soon as they are made, and the problems that file already
     holds are not evaluated again (a rerun continues where a killed one ended); `stop()` true after a batch ends the
-    evaluation there, its records kept."""
+    evaluation there, its records kept. With `tools`, each problem is a conversation that may call them (as in
+    training, engine/agent.py): its record keeps the exchange, the calls and the failed calls."""
     from ..engine.prompts import encode_prompts
 
     use_mv = metrics.math_verify_available()
@@ -112,12 +117,20 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     for i in range(0, len(todo), batch_size):
         part = todo[i:i + batch_size]
         tick = sampler_mod.ProgressLines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
-        outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1,
-                                dataclasses.replace(sampling, progress=tick))
-        texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
-        judged = judge.scores(part, texts, outs, log)
+        sampled = dataclasses.replace(sampling, progress=tick)
+        if tools:
+            turns = _conversations(sampler, tok, [ex.chat(instruction, system) for ex in part], sampled, tools,
+                                   max_calls)
+            outs, texts = [t.ids for t in turns], [answers.completion_text(t.messages) for t in turns]
+        else:
+            outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1, sampled)
+            turns, texts = None, [tok.decode(ids, skip_special_tokens=True) for ids in outs]
+        judged = judge.scores(part, texts, outs, log, [t.messages for t in turns] if turns else None)
         new = [_record(ex, text, ids, right, sampling, use_mv, getattr(judge.fn, "__name__", "reward"))
                for ex, ids, text, right in zip(part, outs, texts, judged, strict=True)]
+        if turns:  # the exchange, for inspection and the report's tool counts
+            new = [r | {"transcript": t.messages, "tool_calls": t.calls, "tool_failures": t.failed}
+                   for r, t in zip(new, turns, strict=True)]
         if out_path is not None:
             with open(out_path, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in new))
@@ -132,6 +145,16 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     if note := judge.all_wrong([ex for ex in examples if ex.id in by_id], by_id):
         log(note)
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
+
+
+def _conversations(sampler, tok, chats: list[list[dict]], sampling, tools: list, max_calls: int) -> list:
+    """One greedy conversation with tools for each chat (engine/agent.py), within sampling's token limit."""
+    from ..engine.agent import sample_with_tools
+
+    def generate(prompts: list[list[int]], k: int, most: int) -> list[list[int]]:
+        return sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most))
+
+    return sample_with_tools(tok, generate, chats, 1, tools, sampling.max_new_tokens, max_calls, sampling.stops)[1]
 
 
 def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,

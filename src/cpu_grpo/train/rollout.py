@@ -11,6 +11,8 @@ import torch
 
 from ..config import TrainConfig
 from ..data import rewards, tasks
+from ..engine import agent
+from ..engine.agent import Turns
 from ..engine.prompts import encode_prompts
 from ..engine.sampler import ProgressLines
 from ..eval.evaluate import Judge
@@ -26,7 +28,7 @@ class Rollout:
     completions: list[list[int]]
     texts: list[str]
     truncated: list[bool]  # cut at the length limit before the model ended it
-    model_mask: list[list[int]] | None = None  # with tools: 1 where the model wrote the token, 0 tool results
+    turns: list[Turns] | None = None  # with tools: each row's messages, calls and which tokens the model wrote
 
     @property
     def group_size(self) -> int:
@@ -39,13 +41,19 @@ class Rollout:
         rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
         return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
                        [self.completions[k] for k in rows], [self.texts[k] for k in rows],
-                       [self.truncated[k] for k in rows],
-                       None if self.model_mask is None else [self.model_mask[k] for k in rows])
+                       [self.truncated[k] for k in rows], None if self.turns is None else [self.turns[k] for k in rows])
 
     def __add__(self, other: Rollout) -> Rollout:
-        masks = None if self.model_mask is None else self.model_mask + other.model_mask
+        turns = None if self.turns is None else self.turns + other.turns
         return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
-                       self.texts + other.texts, self.truncated + other.truncated, masks)
+                       self.texts + other.texts, self.truncated + other.truncated, turns)
+
+    def for_rewards(self) -> list:
+        """The completions as reward functions get them (TRL's way): the text for a text prompt, the assistant
+        message for a chat prompt, and with tools the whole exchange (assistant, tool, ..., assistant)."""
+        if self.turns is not None:
+            return [t.messages for t in self.turns]
+        return rewards.as_completions(self.texts, self.batch, self.group_size)
 
 
 @dataclass
@@ -72,17 +80,27 @@ class Scored:
 
 
 def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch: list[tasks.Example], log=print,
-           what: str = "") -> Rollout:
+           what: str = "", tools: list = ()) -> Rollout:
     """G completions for each problem of the batch as `sampling` says (its limit, temperature, stop tokens), from
-    the sampler with the run's generator; a rollout that takes long says how far it is, as `what`
-    (engine.sampler.ProgressLines)."""
-    prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
+    the sampler with the run's generator; with `tools`, G conversations that may call them (engine/agent.py) within
+    the same limit. A rollout that takes long says how far it is, as `what` (engine.sampler.ProgressLines)."""
     if what:
         sampling = dataclasses.replace(sampling, progress=ProgressLines(log, what))
-    completions = sampler.generate(prompts, cfg.num_generations, sampling, gen)
-    limit, stops = sampling.max_new_tokens, sampling.stops
+    limit, stops, turns = sampling.max_new_tokens, sampling.stops, None
+    if tools:
+        def generate(prompts: list[list[int]], k: int, most: int) -> list[list[int]]:
+            return sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most), gen)
+
+        prompts, turns = agent.sample_with_tools(tok, generate, [ex.chat(cfg.instruction, cfg.system_prompt)
+                                                                 for ex in batch], cfg.num_generations, tools, limit,
+                                                 cfg.max_tool_calling_iterations, stops)
+        completions = [t.ids for t in turns]
+    else:
+        prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
+        completions = sampler.generate(prompts, cfg.num_generations, sampling, gen)
     truncated = [len(c) >= limit and c[-1] not in stops for c in completions]
-    return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated)
+    return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated,
+                   turns)
 
 
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) -> Scored:
@@ -96,7 +114,7 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) 
     g, batch = cfg.num_generations, rollout.batch
     columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions}
     ids = [ex.id for ex in batch for _ in range(g)]
-    completions = rewards.as_completions(rollout.texts, batch, g)
+    completions = rollout.for_rewards()
     per_fn = {}
     for fn in reward_fns:
         values = rewards.call_reward(fn, completions, columns, ids, log, cfg.reward_timeout, stop)
@@ -123,4 +141,4 @@ def correct(cfg: TrainConfig, rollout: Rollout, scored: Scored) -> list[bool]:
     or else the first, scoring 1), from the values the step's scoring gave (a completion cut at the limit has 0)."""
     judged = list(scored.per_fn.values())[cfg.rewards.index(cfg.correct_reward) if cfg.correct_reward else 0]
     rows = [ex for ex in rollout.batch for _ in range(rollout.group_size)]
-    return Judge(everywhere=bool(cfg.correct_reward)).verdicts(rows, rollout.texts, judged)
+    return Judge(everywhere=bool(cfg.correct_reward)).verdicts(rows, rollout.for_rewards(), judged)

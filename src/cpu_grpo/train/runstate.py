@@ -136,6 +136,7 @@ class Run:
     ewc: ewc.EWC = field(default_factory=ewc.EWC)
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
     saved: Callable[[Path], None] = field(default=lambda path: None, repr=False)  # told of each checkpoint (rank 0)
+    tools: list[Callable] = field(default_factory=list)  # the tools the model may call (data/tools.py)
 
     def sampling(self, max_new_tokens: int, greedy: bool = False) -> Sampling:
         """How rollouts are sampled up to `max_new_tokens` (the config's temperature and top-k/p), or the greedy
@@ -193,7 +194,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
                       copy=cfg.use_lora and cfg.lora_rollout == "merged")
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
     run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world, commit=commit,
-              **({"saved": saved} if saved else {}))
+              tools=offered_tools(cfg.tools, cfg.model, tok), **({"saved": saved} if saved else {}))
     progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
@@ -211,6 +212,22 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
     if dropped:
         log(f"{dropped} log records of steps after {ckpt or 'the start'} dropped: those steps run again")
     return run, ref, progress
+
+
+def offered_tools(specs: list[str], model: str, tok) -> list[Callable]:
+    """The tools `specs` name, once the model's chat template is seen to show them to the model (a template that
+    ignores `tools=` would train a model on calls it was never told it could make)."""
+    if not specs:
+        return []
+    from ..data.tools import ToolError, load_tools, schemas
+
+    tools = load_tools(specs)
+    turn = [{"role": "user", "content": "?"}]
+    shown = tok.apply_chat_template(turn, tools=schemas(tools), tokenize=False, add_generation_prompt=True)
+    if shown == tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True):
+        raise ToolError(f"the chat template of {model} does not show tools to the model: use a model whose "
+                        "template takes tools (Qwen2.5, Qwen3, Llama 3.x, SmolLM3)")
+    return tools
 
 
 def _restore_rng(run: Run, state: dict) -> None:

@@ -175,7 +175,7 @@ def sample_and_score(r: Run, p: Progress, stage: Stage, reward_fns, draw, stop: 
         want = refill_size(cfg, n, len(keep), r.world.size) if batches else n
         part = sample(cfg, r.tok, r.sampler, r.sampling(stage.max_new_tokens), r.gen,
                       draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], r.log,
-                      f"  step {p.step + 1}: sampling")
+                      f"  step {p.step + 1}: sampling", r.tools)
         drawn, batches = drawn + want, batches + 1
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
@@ -222,6 +222,8 @@ def _record(r: Run, p: Progress, s: Sampled, right: list[bool], adv_stats: dict,
         "train_tok_s": trained * cfg.num_iterations / max(t3 - t2, 1e-9),
         "peak_rss_mb": peak_rss_mb(), "rss_mb": rss_mb(), "data_pos": p.data_pos + s.drawn,
         "sample_batches": s.batches, "groups": len(rollout.batch),
+        **({"tool_calls": sum(t.calls for t in rollout.turns) / n, "tool_failures":
+            sum(t.failed for t in rollout.turns) / n} if rollout.turns is not None else {}),
     }
 
 

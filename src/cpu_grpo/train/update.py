@@ -99,7 +99,7 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     masked = [cfg.mask_truncated_completions and cut for cut in rollout.truncated]
     kept = 1.0 - torch.tensor(masked, dtype=torch.float)
     # with tools, only the tokens the model wrote are trained and counted (tool results are not its actions)
-    written = _written(rollout.model_mask, lengths)
+    written = _written(rollout, lengths)
     trained = [n if written is None else int(written[i].sum()) for i, n in enumerate(lengths)]
     norm = {"num_seqs": len(completions), "max_new_tokens": limit,
             "num_tokens": max(1, sum(n for n, out in zip(trained, masked, strict=True) if not out))}
@@ -167,13 +167,13 @@ def check_update(r: Run, p: Progress, upd: Update, log) -> int:
     return 0
 
 
-def _written(model_mask: list[list[int]] | None, lengths: list[int]) -> torch.Tensor | None:
+def _written(rollout: Rollout, lengths: list[int]) -> torch.Tensor | None:
     """The (N, T) mask of the tokens the model wrote (tools' results 0; T the longest completion), or None."""
-    if model_mask is None:
+    if rollout.turns is None:
         return None
     out = torch.zeros(len(lengths), max(lengths, default=0))
-    for i, m in enumerate(model_mask):
-        out[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+    for i, t in enumerate(rollout.turns):
+        out[i, :len(t.model_mask)] = torch.tensor(t.model_mask, dtype=torch.float)
     return out
 
 

@@ -3,14 +3,15 @@ them, conversations that call tools and answer, and an update that trains only t
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
 from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.data.tools import calculator
+from cpu_grpo.engine.agent import Turns, sample_with_tools, tool_suffix_ids
 from cpu_grpo.train import runstate, update
-from cpu_grpo.train.agent import sample_with_tools, tool_suffix_ids
 from cpu_grpo.train.rollout import Rollout
 
 # Hermes-style tools, as Qwen2.5's template writes them (shortened): schemas in a system turn, calls in <tool_call>,
@@ -83,11 +84,67 @@ def test_the_update_trains_only_the_tokens_the_model_wrote(tiny_model, tmp_path)
     def loss(mask):
         torch.manual_seed(0)
         r, _, _ = runstate.build_run(cfg, tmp_path / str(mask), None, lambda *a: None)
+        turns = None if mask is None else [Turns(c, m) for c, m in zip(rollout.completions, mask, strict=True)]
         given = Rollout(*[getattr(rollout, f) for f in ("batch", "prompts", "completions", "texts", "truncated")],
-                        model_mask=mask)
+                        turns=turns)
         return update.update(r, None, given, adv, cfg.max_new_tokens, cfg.learning_rate).sums["loss"]
 
     plain = loss(None)
     assert plain != 0 and loss([[1, 1, 1, 1], [1, 1]]) == plain
     assert loss([[0, 0, 0, 0], [0, 0]]) == 0.0
     assert loss([[1, 0, 0, 1], [1, 1]]) != plain
+
+
+def tool_model(tiny_model: str, where) -> str:
+    """The tiny model with a chat template that shows tools (a copy: the session's model stays as it is)."""
+    import shutil
+
+    path = where / "tiny-tools"
+    shutil.copytree(tiny_model, path)
+    tok = tool_tok(tiny_model)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_run_with_tools_trains_and_evaluates_with_them(tiny_model, tmp_path, monkeypatch):
+    """A scripted model calls the calculator in its first turn and answers after the result: the run logs one call
+    a sample, none failed; the held-out records keep each exchange."""
+    from cpu_grpo.engine.sampler import Sampler
+    from cpu_grpo.rundir import read_jsonl
+    from cpu_grpo.train.loop import train
+
+    model = tool_model(tiny_model, tmp_path)
+    tok = tool_tok(model)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
+
+    def scripted(self, prompts, k, sampling, generator=None):
+        said = ["#### 4" if tok.decode(p).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") else call
+                for p in prompts]
+        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in said for _ in range(k)]
+
+    monkeypatch.setattr(Sampler, "generate", scripted)
+    out = tmp_path / "run"
+    cfg = config.build(None, None, dict(model=model, output_dir=str(out), steps=2, prompts_per_step=2,
+                                        num_generations=2, max_new_tokens=120, eval_size=3, tools=["calculator"],
+                                        rewards=["correctness"], reward_weights=[1.0], bf16=False))
+    train(cfg, log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [(m["tool_calls"], m["tool_failures"]) for m in metrics] == [(1.0, 0.0), (1.0, 0.0)]
+    after = read_jsonl(out / "eval_after.jsonl")
+    assert all(r["tool_calls"] == 1 and [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
+               and r["transcript"][1]["content"] == "4" for r in after)
+    from cpu_grpo.cli import main  # its checkpoint is evaluated with the tools it was trained with
+
+    (ckpt,) = (out / "checkpoints").glob("step-000002")
+    assert main(["eval", "--model", str(ckpt), "--task", "basic", "--n", "2", "--output",
+                 str(tmp_path / "e.jsonl")]) == 0
+    assert [r["tool_calls"] for r in read_jsonl(tmp_path / "e.jsonl")] == [1, 1]
+
+
+def test_a_model_whose_template_ignores_tools_is_refused(tiny_model, tmp_path):
+    from cpu_grpo.data.tools import ToolError
+    from cpu_grpo.train.runstate import offered_tools
+
+    with pytest.raises(ToolError, match="does not show tools to the model: use a model whose template takes tools"):
+        offered_tools(["calculator"], tiny_model, AutoTokenizer.from_pretrained(tiny_model))

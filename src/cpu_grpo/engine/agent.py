@@ -4,8 +4,9 @@ as the template writes them: `tool_suffix_ids`), and the model goes on until it 
 `max_calls` rounds, or the completion budget is spent. A row's completion is every token after its prompt: the
 model's (trained, mask 1) and the tools' and the template's (mask 0, out of the loss and the log-prob ratio).
 
-This first version prefills each continued conversation again (the sampler's `generate` on prompt + completion so
-far); the fast path keeps each row's KV cache across turns (issue 69, item 3).
+Training (train/rollout.py) and the held-out evaluation (eval/evaluate.py) run the same loop. This first version
+prefills each continued conversation again (the sampler's `generate` on prompt + completion so far); the fast path
+keeps each row's KV cache across turns (issue 69, item 3).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
     """G conversations for each chat (group-major), each within `budget` completion tokens. `generate(prompts, k,
     limit)` samples k completions of up to `limit` tokens for each prompt (the run's sampler and generator): the
     first turn k = g from each prompt, then one continuation for each conversation that called a tool. Returns the
-    prompts (one a chat) and each row's Turns."""
+    prompts (one a chat, the tools' schemas in it) and each row's Turns."""
     schemas = tool_lib.schemas(tools)
     prompts = [prompt_ids(tok, chat, schemas) for chat in chats]
     rows = [Turns() for _ in range(len(chats) * g)]
@@ -96,4 +97,4 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
         live = going
         if not live:
             break
-    return [prompts[r // g] for r in range(len(rows))], rows
+    return prompts, rows
