@@ -134,6 +134,7 @@ def test_a_run_with_tools_trains_and_evaluates_with_them(tiny_model, tmp_path, m
     after = read_jsonl(out / "eval_after.jsonl")
     assert all(r["tool_calls"] == 1 and [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
                and r["transcript"][1]["content"] == "4" for r in after)
+    assert "| after | 3 | 1.00 | 0 of 3 | 0 (0 right) |" in (out / "report.md").read_text()
     from cpu_grpo.cli import main  # its checkpoint is evaluated with the tools it was trained with
 
     (ckpt,) = (out / "checkpoints").glob("step-000002")

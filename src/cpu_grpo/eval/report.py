@@ -89,6 +89,23 @@ def _stages(summary: dict) -> str:
             + ewc)
 
 
+def _tools_section(run: Path) -> list[str]:
+    """With tools: each held-out evaluation's calls a problem, failed calls, and answers given without a call."""
+    rows = []
+    for name in ("eval_before", "eval_after"):
+        records = [r for r in read_jsonl(run / f"{name}.jsonl") if "tool_calls" in r]
+        if records:
+            n, calls = len(records), sum(r["tool_calls"] for r in records)
+            without = [r for r in records if not r["tool_calls"]]
+            rows.append(f"| {name.removeprefix('eval_')} | {n} | {calls / n:.2f} | "
+                        f"{sum(r['tool_failures'] for r in records)} of {calls} | {len(without)} "
+                        f"({sum(r['correct'] for r in without)} right) |")
+    if not rows:
+        return []
+    return ["## Tools (held-out problems)", "", "| model | problems | calls a problem | failed calls | answered "
+            "without a call |", "|---|---:|---:|---:|---|", *rows, ""]
+
+
 def write_report(run: Path, cfg, summary: dict) -> Path:
 
     metrics = read_jsonl(run / "metrics.jsonl")
@@ -104,6 +121,7 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
         if types:
             lines += ["### By problem type", "", "Where a level's errors are (the generator's question templates, "
                       "named by their first words):", "", types]
+    lines += _tools_section(run)
     if (run / "forgetting.json").exists():
         lines += ["## Forgetting matrix (greedy accuracy)", "",
                   forgetting_table(json.loads((run / "forgetting.json").read_text()), run), ""]
