@@ -59,6 +59,14 @@ def tool_suffix_ids(tok, tool_messages: list[dict]) -> list[int]:
 Generate = Callable[[list[list[int]], int, int], list[list[int]]]  # (prompts, completions each, token limit)
 
 
+def generating(sampler, sampling, gen=None) -> Generate:
+    """The sampler as sample_with_tools calls it: `sampling` with each call's own token limit."""
+    import dataclasses
+
+    return lambda prompts, k, most: sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most),
+                                                     gen)
+
+
 def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, tools: list[Callable], budget: int,
                       max_calls: int, stops: tuple[int, ...]) -> tuple[list[list[int]], list[Turns]]:
     """G conversations for each chat (group-major), each within `budget` completion tokens. `generate(prompts, k,

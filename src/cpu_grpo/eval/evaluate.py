@@ -149,12 +149,10 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
 
 def _conversations(sampler, tok, chats: list[list[dict]], sampling, tools: list, max_calls: int) -> list:
     """One greedy conversation with tools for each chat (engine/agent.py), within sampling's token limit."""
-    from ..engine.agent import sample_with_tools
+    from ..engine.agent import generating, sample_with_tools
 
-    def generate(prompts: list[list[int]], k: int, most: int) -> list[list[int]]:
-        return sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most))
-
-    return sample_with_tools(tok, generate, chats, 1, tools, sampling.max_new_tokens, max_calls, sampling.stops)[1]
+    return sample_with_tools(tok, generating(sampler, sampling), chats, 1, tools, sampling.max_new_tokens, max_calls,
+                             sampling.stops)[1]
 
 
 def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,

@@ -88,12 +88,10 @@ def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch
         sampling = dataclasses.replace(sampling, progress=ProgressLines(log, what))
     limit, stops, turns = sampling.max_new_tokens, sampling.stops, None
     if tools:
-        def generate(prompts: list[list[int]], k: int, most: int) -> list[list[int]]:
-            return sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most), gen)
-
-        prompts, turns = agent.sample_with_tools(tok, generate, [ex.chat(cfg.instruction, cfg.system_prompt)
-                                                                 for ex in batch], cfg.num_generations, tools, limit,
-                                                 cfg.max_tool_calling_iterations, stops)
+        chats = [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch]
+        prompts, turns = agent.sample_with_tools(tok, agent.generating(sampler, sampling, gen), chats,
+                                                 cfg.num_generations, tools, limit, cfg.max_tool_calling_iterations,
+                                                 stops)
         completions = [t.ids for t in turns]
     else:
         prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
