@@ -104,7 +104,7 @@ def test_the_cli_and_yaml_take_trl_names(tmp_path):
     (dict(train_dataset=None), "needs a train_dataset"),
     (dict(optimizers=(object(), None)), "optimizers=...) is not supported"),
     (dict(tools=[3]), "tools=[...] holds a int: give functions"),
-    (dict(environment_factory=object), "environment_factory=...) is not supported by cpu-grpo yet"),
+    (dict(environment_factory={"maze": 3}), "environment_factory: 'maze' is not a name and a class"),
     (dict(train_dataset={"train": rows()}), "give one split"),
     (dict(reward_funcs=[length_reward, length_reward]), "two reward functions are named length_reward"),
 ])
@@ -114,6 +114,20 @@ def test_bad_trainer_arguments_are_one_sentence(tiny_model, tmp_path, kw, words)
         GRPOTrainer(**{**values, **kw}).config()
     assert words in str(e.value)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_environments_are_given_as_trl_takes_them(tiny_model, tmp_path):
+    """A class (every row's), or a dict of them by name (routed by the rows' `environment` column); the
+    environment's get_reward joins the rewards with weight 1, as in TRL."""
+    from tests.engine.test_environments import IncrementEnv
+
+    one = GRPOTrainer(tiny_model, length_reward, quick(tmp_path / "a"), rows(), environment_factory=IncrementEnv)
+    cfg = one.config()
+    assert cfg.environment == ["IncrementEnv"]
+    assert cfg.rewards[1:] == ["environment"] and cfg.reward_weights[1:] == [1.0]
+    two = GRPOTrainer(tiny_model, length_reward, quick(tmp_path / "b"), rows(),
+                      environment_factory={"count": IncrementEnv, "again": lambda: IncrementEnv()})
+    assert two.config().environment == ["count=IncrementEnv", "again=environment_1"]
 
 
 def test_a_model_off_the_cpu_is_refused(tiny_model, tmp_path):

@@ -74,7 +74,8 @@ def cmd_eval(args) -> int:
     from .eval.evaluate import Judge, run_eval, run_sampled
     from .eval.tables import level_tables, metric_summary, sampled_summary, sampled_table
     from .machine.doctor import bf16_wanted
-    from .train.runstate import offered_tools
+    from .train.runstate import offered_environments, offered_tools
+    from .train.step import StopFlag
 
     if args.output and not Path(args.output).resolve().parent.is_dir():  # found now, not after the evaluation
         print(f"cpu-grpo: --output {args.output}: its directory does not exist: create it, or choose another path.",
@@ -86,7 +87,8 @@ def cmd_eval(args) -> int:
     set_threads(log=print)
     examples = _eval_examples(args, RowFormat.parse(ask["prompt_column"], ask["column_map"]))
     judge = Judge.of(trained["rewards"], ask["correct_reward"], args.max_new_tokens, trained["reward_timeout"])
-    check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task)
+    check_columns([judge.fn], [ex for ex in examples if judge.by_reward(ex)], args.task,
+                  ["environments"] if trained["environment"] else [])
     if line := sandbox_for([judge.fn], args.allow_unisolated_code):
         print(line, file=sys.stderr)
     model, tok = load_model(args.model, args.trust_remote_code)
@@ -101,19 +103,15 @@ def cmd_eval(args) -> int:
         print(sampled_table(sampled_summary(records)))
         return 0
     greedy = Sampling(args.max_new_tokens, stops, tok.pad_token_id, temperature=0.0)
-    asked = []  # SIGTERM or Ctrl-C: the batch at hand finishes, its records are written, the evaluation ends
-
-    def on_signal(signum, frame):
-        if asked:
-            raise KeyboardInterrupt
-        asked.append(signum)
-        print("stop requested: finishing this batch and keeping its records (again to abort)", flush=True)
-
+    stop = StopFlag(log=lambda line: print(line, flush=True),  # SIGTERM or Ctrl-C: the batch at hand finishes
+                    doing="finishing this batch and keeping its records (again to abort)")
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
+        signal.signal(sig, stop)
     tools = offered_tools(trained["tools"], args.model, tok)  # a run with tools is evaluated with them
+    environments = offered_environments(trained["environment"], args.model, tok, trained["rewards"])
     records = run_eval(sampler, tok, examples, instruction, greedy, args.output, system=system, judge=judge,
-                       stop=lambda: bool(asked), tools=tools, max_calls=trained["max_tool_calling_iterations"])
+                       stop=lambda: stop.requested, tools=tools, max_calls=trained["max_tool_calling_iterations"],
+                       environments=environments)
     print(level_tables(metric_summary(records)))
     return 0
 
@@ -174,7 +172,8 @@ def _trained_with(model: str, task: str) -> dict:
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
               "reward_timeout", "bf16", "max_tool_calling_iterations")
     return {**{k: mine.get(k, config_mod.TrainConfig.__dataclass_fields__[k].default) if k != "rewards" else
-               list(mine.get("rewards") or ["correctness"]) for k in fields}, "tools": list(mine.get("tools") or [])}
+               list(mine.get("rewards") or ["correctness"]) for k in fields},
+            "tools": list(mine.get("tools") or []), "environment": list(mine.get("environment") or [])}
 
 
 def cmd_compare(args) -> int:

@@ -29,17 +29,17 @@ PROFILE = "python"  # summary.json's profile of a run started from Python
 
 
 class GRPOTrainer:
-    """TRL's signature; the arguments this tool cannot honour (optimizers, quantization, environments, ...) are
+    """TRL's signature; the arguments this tool cannot honour (optimizers, quantization, a rollout function) are
     refused when given, each in one sentence. `tools`: typed functions with a docstring, or builtin names
-    ("calculator"), as `cpu-grpo train --tools` takes them."""
+    ("calculator"), as `cpu-grpo train --tools` takes them; `environment_factory`: a class (or a callable that
+    makes one) or a dict of them by name, as TRL takes it (data/environments.py)."""
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
                  environment_factory=None):
         refused = {"reward_processing_classes": reward_processing_classes, "quantization_config":
-                   quantization_config, "rollout_func": rollout_func,
-                   "environment_factory": environment_factory}
+                   quantization_config, "rollout_func": rollout_func}
         if name := next((k for k, v in refused.items() if v is not None), None):
             raise ConfigError(f"GRPOTrainer({name}=...) is not supported by cpu-grpo yet: remove it.")
         if tuple(optimizers) != (None, None):
@@ -61,6 +61,7 @@ class GRPOTrainer:
         if bad := next((t for t in self.tools if not (callable(t) or isinstance(t, str))), None):
             raise ConfigError(f"tools=[...] holds a {type(bad).__name__}: give functions (typed, with a docstring) "
                               "or builtin names such as 'calculator'.")
+        self.environments = _environments(environment_factory)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.lora = _lora(peft_config)
         self.callbacks = [c() if isinstance(c, type) else c for c in callbacks or []]
@@ -92,6 +93,8 @@ class GRPOTrainer:
         fields.setdefault("reward_weights", [1.0] * len(self.rewards))
         mine = {"model": self.model_spec, "task": task, "rewards": self.rewards, "output_dir": str(self.run_dir),
                 **({"tools": [t if isinstance(t, str) else t.__name__ for t in self.tools]} if self.tools else {}),
+                **({"environment": [f"{n}={key}" if n else key for n, key in self.environments]}
+                   if self.environments else {}),
                 "train_size": max(config.TrainConfig.train_size, rows), **self.lora,
                 **({"eval_size": eval_size} if eval_size else {})}
         return config.build(None, None, {**fields, **mine})
@@ -101,7 +104,7 @@ class GRPOTrainer:
         transformers' TrainOutput(global_step, training_loss, metrics)."""
         from transformers.trainer_utils import TrainOutput
 
-        from .data import rewards, tools
+        from .data import environments, rewards, tools
         from .engine import models
         from .train.loop import train
 
@@ -118,7 +121,8 @@ class GRPOTrainer:
         hooks = _Callbacks(self.callbacks, self.args, cfg.total_steps)
         hooks.call("on_train_begin")
         given = models.given(self.model_spec, *self._given) if self._given else contextlib.nullcontext()
-        with given, rewards.given(self.functions), tools.given([t for t in self.tools if callable(t)]):
+        envs = environments.given({key: f for (_, key), f in self.environments.items()})
+        with given, rewards.given(self.functions), tools.given([t for t in self.tools if callable(t)]), envs:
             train(cfg, profile=PROFILE, resume=resume, stop=hooks.stop, hooks=hooks)
         records = [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
         losses = [r["loss"] for r in records if isinstance(r.get("loss"), float) and math.isfinite(r["loss"])]
@@ -214,6 +218,23 @@ def _rewards(reward_funcs) -> tuple[list[str], dict]:
         if not found:
             handed[spec] = fn
     return specs, handed
+
+
+def _environments(factory) -> dict[tuple[str, str], object]:
+    """TRL's environment_factory (a callable, or a dict of them by name) as {(name, key): factory}: the key it is
+    handed to the loop by (`cpu-grpo train --environment name=key`), the name a row's `environment` column gives
+    ("" for the one every row uses)."""
+    if factory is None:
+        return {}
+    named = factory if isinstance(factory, dict) else {"": factory}
+    if bad := next((n for n, f in named.items() if not callable(f) or not isinstance(n, str) or "=" in n), None):
+        raise ConfigError(f"environment_factory: {bad!r} is not a name and a class: give a class (or a callable that "
+                          "returns an environment), or a dict of them by name, as TRL takes it.")
+    out = {}
+    for i, (name, f) in enumerate(named.items()):
+        key = getattr(f, "__name__", "")
+        out[(name, key if key.isidentifier() and key not in (k for _, k in out) else f"environment_{i}")] = f
+    return out
 
 
 def _lora(peft_config) -> dict:

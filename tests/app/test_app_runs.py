@@ -257,6 +257,22 @@ def test_group_view_escapes_and_explains_zero_variance():
     assert "1 with zero reward variance (50%)" in page and "+0.700" in page and "-0.700" in page
 
 
+def test_group_view_shows_a_conversation_with_tools_turn_by_turn():
+    """A run with tools logs each exchange; the inspector shows it turn by turn: the model's turns, each tool's
+    result under it (a failed call in red), not the flat text."""
+    turns = [{"role": "assistant", "content": "<tool_call>calc 6*7</tool_call>"},
+             {"role": "tool", "name": "calculator", "content": "42"},
+             {"role": "assistant", "content": "#### 42"}]
+    failed = [turns[0], {"role": "tool", "name": "abacus", "content": "{'error': 'Tool abacus not found.'}"}]
+    group = {"step": 1, "group": 0, "question": "6*7?", "answer": "42", "completions": ["flat", "flat"],
+             "rewards": {"correctness": [1.0, 0.0]}, "total": [1.0, 0.0], "advantages": [0.7, -0.7],
+             "transcripts": [turns, failed]}
+    page = views.group_html(group)
+    assert "flat" not in page and page.count('class="turn tool"') == 2
+    assert "calculator: 42" in page and "#### 42" in page and "&lt;tool_call&gt;calc 6*7" in page
+    assert "color:#b91c1c\">&#8627; abacus" in page
+
+
 def test_forgetting_and_status_text():
     data = {"levels": ["basic", "advanced"],
             "rows": [{"after": "base", "cells": {"basic": {"accuracy": 0.2, "ci95": [0.1, 0.3], "n": 50}}}]}

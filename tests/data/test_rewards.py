@@ -166,7 +166,8 @@ def test_format_reward(text, expected):
 
 def test_builtins_take_extra_columns_and_return_floats():
     columns = dict(answer=["1"], prompts=["q"], difficulty=[3], pattern=["1"], nums=[[1]], target=[1],
-                   tests=["check(len('ab'), 2)"], rg_task=["rg:chain_sum"], rg_seed=[0], rg_index=[0])
+                   tests=["check(len('ab'), 2)"], rg_task=["rg:chain_sum"], rg_seed=[0], rg_index=[0],
+                   environments=[type("Game", (), {"get_reward": lambda self: 1.0})()])
     import importlib.util
 
     for name, fn in BUILTIN_REWARDS.items():

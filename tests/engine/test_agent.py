@@ -57,7 +57,7 @@ def test_a_conversation_calls_a_tool_reads_its_result_and_answers(tiny_model):
         return [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in scripted[len(asked) - 1]]
 
     chats = [[{"role": "user", "content": "What is 6 * 7?"}]]
-    prompts, rows = sample_with_tools(tok, generate, chats, 2, [calculator], 200, 3, (eos,))
+    prompts, rows = sample_with_tools(tok, generate, chats * 2, 2, [[calculator]] * 2, 200, 3, (eos,))
     assert asked == [(1, 2), (2, 1)]  # the answers call nothing: two rounds
     assert "Tools: calculator" in tok.decode(prompts[0])
     right, wrong = rows
@@ -131,6 +131,8 @@ def test_a_run_with_tools_trains_and_evaluates_with_them(tiny_model, tmp_path, m
     train(cfg, log=lambda *a: None)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [(m["tool_calls"], m["tool_failures"]) for m in metrics] == [(1.0, 0.0), (1.0, 0.0)]
+    groups = read_jsonl(out / "groups.jsonl")  # the app's inspector shows each exchange turn by turn
+    assert all([m["role"] for m in t] == ["assistant", "tool", "assistant"] for g in groups for t in g["transcripts"])
     after = read_jsonl(out / "eval_after.jsonl")
     assert all(r["tool_calls"] == 1 and [m["role"] for m in r["transcript"]] == ["assistant", "tool", "assistant"]
                and r["transcript"][1]["content"] == "4" for r in after)

@@ -92,15 +92,30 @@ def group_html(group: dict, limit: int = 400) -> str:
         head += (f'<div class="zero-note" style="background:#fef3c7;padding:4px 8px;border-radius:4px">'
                  f'{e(ZERO_STD.format(g=len(completions)))}</div>')
     cols = "".join(f"<th>{e(name)}</th>" for name in rewards)
+    transcripts = group.get("transcripts") or []
     rows = []
     for i, text in enumerate(completions):
         cells = "".join(f"<td>{_num(_at(v, i))}</td>" for v in rewards.values())
+        shown = transcript_html(transcripts[i], limit) if i < len(transcripts) else e(_short(text, limit))
         rows.append(f'<tr><td>{i}</td><td style="white-space:pre-wrap;font-family:monospace;font-size:12px">'
-                    f"{e(_short(text, limit))}</td>{cells}<td>{_num(_at(total, i))}</td>"
+                    f"{shown}</td>{cells}<td>{_num(_at(total, i))}</td>"
                     f"<td>{_signed(_at(adv, i))}</td></tr>")
     table = (f'<table style="width:100%"><tr><th>#</th><th>completion</th>{cols}<th>total</th><th>advantage</th>'
              f"</tr>{''.join(rows)}</table>")
     return head + table + "</div>"
+
+
+def transcript_html(messages: list[dict], limit: int = 400) -> str:
+    """A conversation with tools, turn by turn: what the model wrote, each tool's result (a failed call in red)."""
+    e, out = html.escape, []
+    for m in messages:
+        if m.get("role") == "tool":
+            colour = "#b91c1c" if str(m.get("content", "")).startswith("{'error'") else "#1d4ed8"
+            out.append(f'<div class="turn tool" style="margin:2px 0 2px 16px;color:{colour}">&#8627; '
+                       f'{e(str(m.get("name", "tool")))}: {e(_short(m.get("content", ""), limit))}</div>')
+        else:
+            out.append(f'<div class="turn {e(str(m.get("role", "")))}">{e(_short(m.get("content", ""), limit))}</div>')
+    return "".join(out)
 
 
 def _at(values, i):

@@ -112,6 +112,10 @@ class TrainConfig:
     tools: list[str] = _f([], "tools the model may call, typed Python functions with a docstring: builtin names "
                               "(calculator) or file.py:f,g or module:f; trained and evaluated with them, their "
                               "results masked out of the loss (docs/tasks.md)")
+    environment: list[str] = _f([], "environments the model acts in (TRL's environment_factory): file.py:Class or "
+                                    "module:Class, one instance a rollout, reset with its row, its public methods "
+                                    "the tools, its get_reward() the reward `environment`; several as "
+                                    "name=file.py:Class, picked by the rows' environment column (docs/tasks.md)")
     max_tool_calling_iterations: int = _f(5, "with tools: rounds of tool calls a conversation may make before its "
                                              "last turn")
     # -- GRPO
@@ -275,6 +279,11 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
         raise ConfigError(f"unknown config key(s) {', '.join(unknown)}{nearest(unknown[0], _FIELDS)}: see "
                           "`cpu-grpo train --help` for the fields.")
     coerced = {k: coerce(_FIELDS[k], v) for k, v in values.items()}
+    if coerced.get("environment"):  # TRL: the environments' get_reward is a reward, weight 1, beside any given
+        given = coerced["rewards"] if "rewards" in mine else []
+        if "environment" not in given:
+            weights = coerced["reward_weights"] if "reward_weights" in mine else [1.0] * len(given)
+            coerced.update(rewards=[*given, "environment"], reward_weights=[*weights, 1.0])
     if "stages" not in mine and coerced.get("stages"):  # the profile's stages: the fields you gave win in each
         coerced["stages"] = under_your_fields(coerced["stages"], set(mine) & set(STAGE_SETTINGS),
                                               coerced["steps"] if "steps" in mine else None)

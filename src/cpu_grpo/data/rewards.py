@@ -159,6 +159,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "code_tests": verifiers.code_tests_reward,
     "answer_tag": verifiers.answer_tag_reward,
     "reasoning_gym": catalogue.reasoning_gym_reward,
+    "environment": verifiers.environment_reward,  # each rollout's environment's get_reward()
 }
 BUILTIN_NAMES = (*BUILTIN_REWARDS, "overlong")  # overlong is built for the run's completion limit
 
@@ -320,10 +321,11 @@ def as_completions(texts: Sequence[str], examples: Sequence, g: int = 1) -> list
     return [[{"role": "assistant", "content": t}] if ex.messages else t for t, ex in zip(texts, rows, strict=True)]
 
 
-def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str) -> None:
-    """Every column a reward function requires (a parameter without a default) is in the data, or one sentence
-    that names it, the columns there are, and the flag that maps one; before anything is trained or evaluated."""
-    have = set(ALWAYS) | {k for ex in examples for k in ex.columns} | \
+def check_columns(fns: Sequence[RewardFn], examples: Sequence, task: str, run_gives: Sequence[str] = ()) -> None:
+    """Every column a reward function requires (a parameter without a default) is in the data or among those the
+    run gives (`environments`), or one sentence that names it, the columns there are, and the flag that maps one;
+    before anything is trained or evaluated."""
+    have = set(ALWAYS) | set(run_gives) | {k for ex in examples for k in ex.columns} | \
         ({"answer"} if all(ex.math or "answer" in ex.columns for ex in examples) else set())
     for fn in fns:
         try:

@@ -13,7 +13,8 @@
   reaches the target;
 - `code_reward(tests)`: the last ```python block runs in the sandbox (sandbox.py) and every call of the row's
   tests gives the expected value, compared in the trainer's process (codecheck.py);
-- `answer_tag_reward()`: the completion ends with one <answer>...</answer> (a format reward, for shaping).
+- `answer_tag_reward()`: the completion ends with one <answer>...</answer> (a format reward, for shaping);
+- `environment_reward(environments)`: each rollout's environment's `get_reward()` (environments.py).
 
 The final answer is the content of the last <answer> tags, else of the last \\boxed{}, else the last line that is
 not empty (an "Answer:" label dropped). Reading only that, an answer repeated among alternatives, mentioned in the
@@ -268,3 +269,15 @@ def math_reward(completions: Sequence, answer: Sequence, **kwargs: Any) -> list[
         gold, pred = parse(f"${a}$"), parse(f"${final}$") if final else []
         out.append(float(bool(gold and pred) and verify(gold, pred)))
     return out
+
+
+def environment_reward(completions: Sequence, environments: Sequence | None = None, **kwargs: Any) \
+        -> list[float | None]:
+    """Each rollout's environment's `get_reward()`, TRL's environment that owns its reward (environments.py); None
+    where its environment has none."""
+    if environments is None:
+        from ..errors import RewardError
+
+        raise RewardError("reward 'environment' reads each rollout's environment: give --environment, or remove it "
+                          "from --rewards")
+    return [float(env.get_reward()) if hasattr(env, "get_reward") else None for env in environments]

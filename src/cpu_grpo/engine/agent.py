@@ -67,18 +67,25 @@ def generating(sampler, sampling, gen=None) -> Generate:
                                                      gen)
 
 
-def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, tools: list[Callable], budget: int,
-                      max_calls: int, stops: tuple[int, ...]) -> tuple[list[list[int]], list[Turns]]:
-    """G conversations for each chat (group-major), each within `budget` completion tokens. `generate(prompts, k,
-    limit)` samples k completions of up to `limit` tokens for each prompt (the run's sampler and generator): the
-    first turn k = g from each prompt, then one continuation for each conversation that called a tool. Returns the
-    prompts (one a chat, the tools' schemas in it) and each row's Turns."""
-    schemas = tool_lib.schemas(tools)
-    prompts = [prompt_ids(tok, chat, schemas) for chat in chats]
-    rows = [Turns() for _ in range(len(chats) * g)]
-    live = list(range(len(rows)))
+def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, tools: list[list[Callable]],
+                      budget: int, max_calls: int, stops: tuple[int, ...]) -> tuple[list[list[int]], list[Turns]]:
+    """G conversations for each problem (group-major), each within `budget` completion tokens. `chats` and `tools`
+    are one a row (B*G): an environment may add its observation to each row's prompt and give each row its own
+    tools. `generate(prompts, k, limit)` samples k completions of up to `limit` tokens for each prompt (the run's
+    sampler and generator): the first turn k = g from each problem's prompt, then one continuation for each
+    conversation that called a tool. Returns each problem's prompt (the tokens its rows' prompts share, the tools'
+    schemas in them) and each row's Turns; a row's prompt past the shared part (an observation of its own) starts
+    its completion, masked like a tool's result."""
+    whole = [prompt_ids(tok, chat, tool_lib.schemas(fns)) for chat, fns in zip(chats, tools, strict=True)]
+    prompts = [_shared(whole[b:b + g]) for b in range(0, len(whole), g)]
+    rows = [Turns() for _ in whole]
+    for r, ids in enumerate(whole):
+        rows[r].add(ids[len(prompts[r // g]):], by_model=False)
+    live = [r for r in range(len(rows)) if len(rows[r].ids) < budget]
     for round_ in range(max_calls + 1):
-        outs = generate(prompts, g, budget) if round_ == 0 else \
+        if not live:
+            break
+        outs = generate(prompts, g, budget) if not any(t.ids for t in rows) else \
             generate([prompts[r // g] + rows[r].ids for r in live], 1, budget - min(len(rows[r].ids) for r in live))
         going = []
         for r, out in zip(live, outs, strict=True):
@@ -93,7 +100,7 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
                 continue  # an answer, the last round, or cut at the budget: the conversation ends here
             results = []
             for c in calls:
-                name, result, failed = tool_lib.call(tools, c)
+                name, result, failed = tool_lib.call(tools[r], c)
                 turns.calls, turns.failed = turns.calls + 1, turns.failed + failed
                 results.append({"role": "tool", "name": name, "content": result})
             suffix = tool_suffix_ids(tok, results)
@@ -103,6 +110,16 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
             turns.add(suffix, by_model=False)
             going.append(r)
         live = going
-        if not live:
-            break
     return prompts, rows
+
+
+def _shared(prompts: list[list[int]]) -> list[int]:
+    """The tokens every prompt starts with.
+
+    >>> _shared([[1, 2, 3, 4], [1, 2, 5]]), _shared([[7, 8]])
+    ([1, 2], [7, 8])
+    """
+    n = 0
+    while all(len(p) > n and p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return prompts[0][:n]

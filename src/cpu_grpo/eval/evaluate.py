@@ -72,9 +72,9 @@ class Judge:
                 f"({kinds or 'none'})")
 
     def scores(self, examples: list, texts: list[str], outs: list[list[int]], log=print,
-               transcripts: list | None = None) -> list[bool | None]:
+               transcripts: list | None = None, envs: list | None = None) -> list[bool | None]:
         """Whether each completion is right by the reward (None for those judged by their answer); with tools the
-        reward gets each exchange (`transcripts`), as in training."""
+        reward gets each exchange (`transcripts`) and with environments each one's (`envs`), as in training."""
         mine = [i for i, ex in enumerate(examples) if self.by_reward(ex)]
         if not mine:
             return [None] * len(examples)
@@ -84,7 +84,8 @@ class Judge:
             raise UserError("these rows are judged by a reward: name it with --correct-reward (e.g. exact_match, "
                             "code), or train with rewards that start with it")
         part = [examples[i] for i in mine]
-        columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine]}
+        columns = {**rewards.reward_columns(part), "completion_ids": [outs[i] for i in mine],
+                   **({"environments": [envs[i] for i in mine]} if envs else {})}
         given = [transcripts[i] for i in mine] if transcripts else \
             rewards.as_completions([texts[i] for i in mine], part)
         values = rewards.call_reward(self.fn, given, columns, [ex.id for ex in part], log, self.time_limit)
@@ -96,7 +97,7 @@ class Judge:
 
 def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path | None = None, log=print,
              batch_size: int = EVAL_BATCH, system: str = "", judge: Judge = Judge(), stop=lambda: False,
-             tools: list = (), max_calls: int = 0) -> list[dict]:
+             tools: list = (), max_calls: int = 0, environments=None) -> list[dict]:
     """One completion for every example (greedy: `sampling` with temperature 0), asked as `Example.chat` says (the
     instruction appended to math questions, the system turn), in equal batches of at most `batch_size`; one record
     per problem (correct as `judge` decides; finished: the model ended it within the limit).
@@ -104,7 +105,10 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     With `out_path`, each batch's records are appended as soon as they are made, and the problems that file already
     holds are not evaluated again (a rerun continues where a killed one ended); `stop()` true after a batch ends the
     evaluation there, its records kept. With `tools`, each problem is a conversation that may call them (as in
-    training, engine/agent.py): its record keeps the exchange, the calls and the failed calls."""
+    training, engine/agent.py) and with `environments` one that acts in its own (data/environments.py): its record
+    keeps the exchange, the calls and the failed calls."""
+    from ..data.environments import episodes
+    from ..engine.agent import generating, sample_with_tools
     from ..engine.prompts import encode_prompts
 
     use_mv = metrics.math_verify_available()
@@ -118,14 +122,17 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
         part = todo[i:i + batch_size]
         tick = sampler_mod.ProgressLines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
         sampled = dataclasses.replace(sampling, progress=tick)
-        if tools:
-            turns = _conversations(sampler, tok, [ex.chat(instruction, system) for ex in part], sampled, tools,
-                                   max_calls)
-            outs, texts = [t.ids for t in turns], [answers.completion_text(t.messages) for t in turns]
+        chats, envs = [ex.chat(instruction, system) for ex in part], None
+        if tools or environments:
+            started = episodes(environments, part, chats, 1, tools)
+            turns = sample_with_tools(tok, generating(sampler, sampled), started.chats, 1, started.tools,
+                                      sampled.max_new_tokens, max_calls, sampled.stops)[1]
+            outs, texts, envs = [t.ids for t in turns], [answers.completion_text(t.messages) for t in turns], \
+                started.envs or None
         else:
-            outs = sampler.generate(encode_prompts(tok, [ex.chat(instruction, system) for ex in part]), 1, sampled)
+            outs = sampler.generate(encode_prompts(tok, chats), 1, sampled)
             turns, texts = None, [tok.decode(ids, skip_special_tokens=True) for ids in outs]
-        judged = judge.scores(part, texts, outs, log, [t.messages for t in turns] if turns else None)
+        judged = judge.scores(part, texts, outs, log, [t.messages for t in turns] if turns else None, envs)
         new = [_record(ex, text, ids, right, sampling, use_mv, getattr(judge.fn, "__name__", "reward"))
                for ex, ids, text, right in zip(part, outs, texts, judged, strict=True)]
         if turns:  # the exchange, for inspection and the report's tool counts
@@ -145,14 +152,6 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     if note := judge.all_wrong([ex for ex in examples if ex.id in by_id], by_id):
         log(note)
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
-
-
-def _conversations(sampler, tok, chats: list[list[dict]], sampling, tools: list, max_calls: int) -> list:
-    """One greedy conversation with tools for each chat (engine/agent.py), within sampling's token limit."""
-    from ..engine.agent import generating, sample_with_tools
-
-    return sample_with_tools(tok, generating(sampler, sampling), chats, 1, tools, sampling.max_new_tokens, max_calls,
-                             sampling.stops)[1]
 
 
 def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,

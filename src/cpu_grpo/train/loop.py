@@ -142,7 +142,7 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]  # a bad reward (each stage loads
     for part in dict.fromkeys(p for st in stages for p in tasks.parts_of(st.task)):  # its own), bad training data,
         data = curriculum.load(cfg, part, 16 if tasks.levels_of(part) else cfg.train_size, cfg.seed, "train")
-        rewards.check_columns(fns, data, part)  # a column a reward needs and the data lacks: now, not at step 1
+        rewards.check_columns(fns, data, part, ["environments"] if cfg.environment else [])  # now, not at step 1
     if line := rewards.sandbox_for(fns, cfg.allow_unisolated_code):  # model code: sandboxed, or refused here
         log(line)
     if world.main:

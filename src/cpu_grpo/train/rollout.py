@@ -11,6 +11,7 @@ import torch
 
 from ..config import TrainConfig
 from ..data import rewards, tasks
+from ..data.environments import Environments, episodes
 from ..engine import agent
 from ..engine.agent import Turns
 from ..engine.prompts import encode_prompts
@@ -29,6 +30,7 @@ class Rollout:
     texts: list[str]
     truncated: list[bool]  # cut at the length limit before the model ended it
     turns: list[Turns] | None = None  # with tools: each row's messages, calls and which tokens the model wrote
+    envs: list | None = None  # with environments: each row's instance, its episode played (rewards read it)
 
     @property
     def group_size(self) -> int:
@@ -39,14 +41,14 @@ class Rollout:
         """The groups `idx` (in that order) as a rollout of their own; of each, the `samples` given (all g by
         default, the same number for every group)."""
         rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
-        return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx],
-                       [self.completions[k] for k in rows], [self.texts[k] for k in rows],
-                       [self.truncated[k] for k in rows], None if self.turns is None else [self.turns[k] for k in rows])
+        return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx], _rows(self.completions, rows),
+                       _rows(self.texts, rows), _rows(self.truncated, rows), _rows(self.turns, rows),
+                       _rows(self.envs, rows))
 
     def __add__(self, other: Rollout) -> Rollout:
-        turns = None if self.turns is None else self.turns + other.turns
         return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
-                       self.texts + other.texts, self.truncated + other.truncated, turns)
+                       self.texts + other.texts, self.truncated + other.truncated, _join(self.turns, other.turns),
+                       _join(self.envs, other.envs))
 
     def for_rewards(self) -> list:
         """The completions as reward functions get them (TRL's way): the text for a text prompt, the assistant
@@ -54,6 +56,14 @@ class Rollout:
         if self.turns is not None:
             return [t.messages for t in self.turns]
         return rewards.as_completions(self.texts, self.batch, self.group_size)
+
+
+def _rows(xs: list | None, rows: list[int]) -> list | None:
+    return None if xs is None else [xs[k] for k in rows]
+
+
+def _join(a: list | None, b: list | None) -> list | None:
+    return None if a is None or b is None else a + b
 
 
 @dataclass
@@ -80,25 +90,26 @@ class Scored:
 
 
 def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch: list[tasks.Example], log=print,
-           what: str = "", tools: list = ()) -> Rollout:
+           what: str = "", tools: list = (), environments: Environments | None = None) -> Rollout:
     """G completions for each problem of the batch as `sampling` says (its limit, temperature, stop tokens), from
-    the sampler with the run's generator; with `tools`, G conversations that may call them (engine/agent.py) within
-    the same limit. A rollout that takes long says how far it is, as `what` (engine.sampler.ProgressLines)."""
+    the sampler with the run's generator; with `tools` or `environments`, G conversations that may call them
+    (engine/agent.py; each with an environment of its own, reset for its row) within the same limit. A rollout that
+    takes long says how far it is, as `what` (engine.sampler.ProgressLines)."""
     if what:
         sampling = dataclasses.replace(sampling, progress=ProgressLines(log, what))
-    limit, stops, turns = sampling.max_new_tokens, sampling.stops, None
-    if tools:
-        chats = [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch]
-        prompts, turns = agent.sample_with_tools(tok, agent.generating(sampler, sampling, gen), chats,
-                                                 cfg.num_generations, tools, limit, cfg.max_tool_calling_iterations,
-                                                 stops)
-        completions = [t.ids for t in turns]
+    g, limit, stops, turns, envs = cfg.num_generations, sampling.max_new_tokens, sampling.stops, None, None
+    chats = [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch]
+    if tools or environments:
+        started = episodes(environments, batch, chats, g, tools)
+        prompts, turns = agent.sample_with_tools(tok, agent.generating(sampler, sampling, gen), started.chats, g,
+                                                 started.tools, limit, cfg.max_tool_calling_iterations, stops)
+        completions, envs = [t.ids for t in turns], started.envs or None
     else:
-        prompts = encode_prompts(tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
-        completions = sampler.generate(prompts, cfg.num_generations, sampling, gen)
+        prompts = encode_prompts(tok, chats)
+        completions = sampler.generate(prompts, g, sampling, gen)
     truncated = [len(c) >= limit and c[-1] not in stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated,
-                   turns)
+                   turns, envs)
 
 
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) -> Scored:
@@ -110,7 +121,8 @@ def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) 
     limit (`#### 70` and bare `####` lines) and be paid for it.
     """
     g, batch = cfg.num_generations, rollout.batch
-    columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions}
+    columns = {**rewards.reward_columns(batch, g), "completion_ids": rollout.completions,
+               **({"environments": rollout.envs} if rollout.envs else {})}
     ids = [ex.id for ex in batch for _ in range(g)]
     completions = rollout.for_rewards()
     per_fn = {}
@@ -128,7 +140,7 @@ def gathered(world: World, rollout: Rollout, scored: Scored) -> tuple[Rollout, S
     """Every rank's groups back in the step's prompt order (one process: as they are)."""
     if world.size == 1:
         return rollout, scored
-    g = rollout.group_size
+    g, rollout = rollout.group_size, dataclasses.replace(rollout, envs=None)  # scored already; they stay here
     whole = world.interleave([(rollout.groups([i], g), scored.groups([i], g)) for i in range(len(rollout.batch))])
     return sum((x[0] for x in whole[1:]), whole[0][0]), sum((x[1] for x in whole[1:]), whole[0][1])
 

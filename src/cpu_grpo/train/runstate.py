@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..config import TrainConfig
 from ..config.stages import Stage
+from ..data.environments import Environments
 from ..engine.models import bf16_supported, load_model
 from ..engine.sampler import Sampler, Sampling, stop_ids
 from ..errors import RunDirError, UserError
@@ -137,6 +138,7 @@ class Run:
     commit: str = ""  # the code this process started with (rundir.code_version), for summary.json
     saved: Callable[[Path], None] = field(default=lambda path: None, repr=False)  # told of each checkpoint (rank 0)
     tools: list[Callable] = field(default_factory=list)  # the tools the model may call (data/tools.py)
+    environments: Environments | None = None  # the environments it acts in (data/environments.py)
 
     def sampling(self, max_new_tokens: int, greedy: bool = False) -> Sampling:
         """How rollouts are sampled up to `max_new_tokens` (the config's temperature and top-k/p), or the greedy
@@ -194,7 +196,9 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
                       copy=cfg.use_lora and cfg.lora_rollout == "merged")
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
     run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world, commit=commit,
-              tools=offered_tools(cfg.tools, cfg.model, tok), **({"saved": saved} if saved else {}))
+              tools=offered_tools(cfg.tools, cfg.model, tok),
+              environments=offered_environments(cfg.environment, cfg.model, tok, cfg.rewards),
+              **({"saved": saved} if saved else {}))
     progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
@@ -219,15 +223,40 @@ def offered_tools(specs: list[str], model: str, tok) -> list[Callable]:
     ignores `tools=` would train a model on calls it was never told it could make)."""
     if not specs:
         return []
-    from ..data.tools import ToolError, load_tools, schemas
+    from ..data.tools import load_tools
 
     tools = load_tools(specs)
+    shown_by_template(tools, model, tok)
+    return tools
+
+
+def offered_environments(specs: list[str], model: str, tok, rewards: list[str]) -> Environments | None:
+    """The environments `specs` name, each made once and checked (a reset; tools the template shows; a reward when
+    `rewards` has no other)."""
+    if not specs:
+        return None
+    from ..data.environments import EnvError, load_environments, methods
+
+    envs = load_environments(specs)
+    probes = [pool[0] for pool in envs.pools.values()]
+    shown_by_template([m for env in probes for m in methods(env)], model, tok)
+    if rewards == ["environment"] and not any(hasattr(env, "get_reward") for env in probes):
+        raise EnvError(f"no reward: the environment ({', '.join(specs)}) has no get_reward method and no --rewards "
+                       "were given; give it a get_reward(self) -> float, or name reward functions")
+    return envs
+
+
+def shown_by_template(tools: list[Callable], model: str, tok) -> None:
+    """Refuses a chat template that would not show these tools to the model."""
+    if not tools:
+        return
+    from ..data.tools import ToolError, schemas
+
     turn = [{"role": "user", "content": "?"}]
     shown = tok.apply_chat_template(turn, tools=schemas(tools), tokenize=False, add_generation_prompt=True)
     if shown == tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True):
         raise ToolError(f"the chat template of {model} does not show tools to the model: use a model whose "
                         "template takes tools (Qwen2.5, Qwen3, Llama 3.x, SmolLM3)")
-    return tools
 
 
 def _restore_rng(run: Run, state: dict) -> None:

@@ -56,6 +56,7 @@ def evaluate_all(r: Run, sets: list[curriculum.HeldOut], path: Path | None, log=
         records = r.world.interleave(evaluate.run_eval(r.sampler, r.tok, mine, r.cfg.instruction,
                                                        r.sampling(limit, greedy=True), log=log or r.log,
                                                        system=r.cfg.system_prompt, judge=judge, tools=r.tools,
+                                                       environments=r.environments,
                                                        max_calls=r.cfg.max_tool_calling_iterations))
         records = [{**x, "max_new_tokens": limit} for x in records]
         for s in group:

@@ -49,18 +49,20 @@ COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equ
 
 @dataclass
 class StopFlag:
-    """Set by SIGINT/SIGTERM: the loop finishes the step at hand, saves a complete checkpoint, and exits."""
+    """Set by SIGINT/SIGTERM: the loop finishes the step at hand, saves a complete checkpoint, and exits (an
+    evaluation: the batch at hand, its records kept; `doing` says which). A second signal aborts."""
 
     requested: bool = False
     presses: int = 0
     log: object = field(default=print, repr=False)
+    doing: str = "finishing this step and saving a checkpoint (Ctrl-C again to abort without saving)"
 
     def __call__(self, signum, frame):
         self.presses += 1
         if self.presses > 1:
             raise KeyboardInterrupt
         self.requested = True
-        self.log("stop requested: finishing this step and saving a checkpoint (Ctrl-C again to abort without saving)")
+        self.log(f"stop requested: {self.doing}")
 
 
 class StepResult(NamedTuple):
@@ -175,7 +177,7 @@ def sample_and_score(r: Run, p: Progress, stage: Stage, reward_fns, draw, stop: 
         want = refill_size(cfg, n, len(keep), r.world.size) if batches else n
         part = sample(cfg, r.tok, r.sampler, r.sampling(stage.max_new_tokens), r.gen,
                       draw(p.data_pos + drawn)[:want][r.world.rank::r.world.size], r.log,
-                      f"  step {p.step + 1}: sampling", r.tools)
+                      f"  step {p.step + 1}: sampling", r.tools, r.environments)
         drawn, batches = drawn + want, batches + 1
         times["rollout"] += time.time() - t
         if stop_agreed(r, stop):
@@ -260,7 +262,8 @@ def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, sol
 
 
 def log_groups(r: Run, n: int, stage: str, step: StepResult, tracker) -> None:
-    """Every group of step `n`, for inspection: prompt, G completions, rewards per function, advantages; and every
+    """Every group of step `n`, for inspection: prompt, G completions (with tools, each exchange too), rewards per
+    function, advantages; and every
     `log_completions_every` steps a table of them for the report_to trackers."""
     g, rollout, adv = r.cfg.num_generations, step.rollout, step.adv
     total, per_fn = step.scored.total, step.scored.per_fn
@@ -271,6 +274,7 @@ def log_groups(r: Run, n: int, stage: str, step: StepResult, tracker) -> None:
             "difficulty": ex.difficulty, "completions": rollout.texts[sl],
             "rewards": {k: v[sl] for k, v in per_fn.items()}, "total": total[sl].tolist(),
             "advantages": [round(a, 4) for a in adv[sl].tolist()], "zero_std": float(total[sl].std()) < 1e-6,
+            **({"transcripts": [t.messages for t in rollout.turns[sl]]} if rollout.turns is not None else {}),
         })
     if r.cfg.log_completions_every and n % r.cfg.log_completions_every == 0:
         tracker.table("completions", ["prompt", "completion", "answer", "reward", "advantage"],
