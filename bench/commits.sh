@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The same short training run at two commits, one after the other on this machine: each step's time, reward and
-# loss side by side, so that a refactor shows it changed neither the speed nor what was computed.
+# loss side by side (and whether rewards, losses and gradient norms are equal at every step), so that a refactor
+# shows it changed neither the speed nor what was computed.
 #
 #   bench/commits.sh OLD NEW [train options]     (default options: --profile quick --seed 0 --eval-size 0)
 #
@@ -30,6 +31,7 @@ for x, y in zip(a, b, strict=True):
     print(f"| {x['step']} | {x['reward']:.4f} | {y['reward']:.4f} | {x['loss']:.4f} | {y['loss']:.4f} | "
           f"{x['step_seconds']:.1f} | {y['step_seconds']:.1f} |")
 ta, tb = sum(x["step_seconds"] for x in a), sum(y["step_seconds"] for y in b)
-same = all(x["reward"] == y["reward"] for x, y in zip(a, b))
-print(f"\nsteps: {ta:.0f} s and {tb:.0f} s ({tb / ta:.2f}x); rewards {'identical' if same else 'differ'} at every step")
+same = {k: all(x[k] == y[k] for x, y in zip(a, b)) for k in ("reward", "loss", "grad_norm")}
+print(f"\nsteps: {ta:.0f} s and {tb:.0f} s ({tb / ta:.2f}x); at every step, "
+      + ", ".join(f"{k}s {'identical' if ok else 'differ'}" for k, ok in same.items()))
 EOF

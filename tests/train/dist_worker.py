@@ -43,7 +43,8 @@ def grads(model: str, out: Path) -> None:
         torch.manual_seed(0)
         r, _, _ = runstate.build_run(cfg, out, None, lambda *a: None, world)
         adv, _ = group_advantages(rewards, g, cfg.scale_rewards)
-        upd = update.update(r, None, rollout, adv, cfg.max_new_tokens, cfg.learning_rate)
+        batch = update.prepare(r, None, rollout, adv, cfg.max_new_tokens)
+        upd = update.summed(r, batch, [update.backward(r, batch)])
         if world.main:
             torch.save({"grads": {n: p.grad.clone() for n, p in r.model.named_parameters()}, "loss": upd.sums["loss"],
                         "groups": upd.groups}, out / f"grads-{loss_type}-{world.size}.pt")

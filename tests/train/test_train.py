@@ -243,15 +243,15 @@ def test_non_finite_gradients_skip_the_update_then_stop_the_run(tiny_model, tmp_
         return (loss * math.nan if r_step["n"] >= 1 else loss), st
 
     r_step = {"n": 0}
-    real_update = step_mod.update  # the step's update
+    real_prepare = step_mod.prepare  # once a step's update
 
     def counting_update(r, *args, **kw):
         r_step["n"] = calls["n"]  # the steps before this one
         calls["n"] += 1
-        return real_update(r, *args, **kw)
+        return real_prepare(r, *args, **kw)
 
     monkeypatch.setattr(update_mod, "grpo_loss", nan_after_first_step)
-    monkeypatch.setattr(step_mod, "update", counting_update)
+    monkeypatch.setattr(step_mod, "prepare", counting_update)
     out, lines = tmp_path / "nan", []
     with pytest.raises(update_mod.TrainingError, match="not finite in 3 steps in a row: lower --learning-rate"):
         train(tiny_cfg(tiny_model, out, reward_file, eval_size=0, steps=6, save_every=1, keep_checkpoints=5),

@@ -70,6 +70,11 @@ def learning_rate(cfg: TrainConfig, stage: Stage, step: int, start: int) -> floa
     return stage.learning_rate * factor
 
 
+def set_learning_rate(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
 def prepare_model(cfg: TrainConfig, log, bf16: bool):
     # LoRA: the frozen weights need no fp32 master (half the memory, no casts); loaded in bf16 straight away
     low = cfg.use_lora and bf16

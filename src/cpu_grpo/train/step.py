@@ -41,8 +41,8 @@ from ..rundir import append_jsonl
 from . import checkpoint
 from .grpo import decoupled_rewards, group_advantages, max_variance
 from .rollout import Rollout, Scored, correct, gathered, sample, score
-from .runstate import Progress, Run, TrainingError, learning_rate
-from .update import Update, check_update, update
+from .runstate import Progress, Run, TrainingError, learning_rate, set_learning_rate
+from .update import Update, backward, check_update, prepare, summed
 
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
 
@@ -128,10 +128,10 @@ def advantages(cfg: TrainConfig, total: torch.Tensor, per_fn: dict[str, list[flo
 
 
 def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: StopFlag) -> StepResult | None:
-    """One GRPO step of `stage` from `p`: sample, score, advantage, update. `draw(pos)` gives the step's
-    stage.prompts_per_step problems at position `pos` of the stage's order. Returns what it did over every group
-    sampled, or None when a stop was requested during sampling or a reward function (the rollout is discarded: the
-    last complete step is what gets saved)."""
+    """One GRPO step of `stage` from `p`: sample, score, advantage, update, and the optimizer's steps.
+    `draw(pos)` gives the step's stage.prompts_per_step problems at position `pos` of the stage's order. Returns
+    what it did over every group sampled, or None when a stop was requested during sampling or a reward function
+    (the rollout is discarded: the last complete step is what gets saved)."""
     cfg, g, comm, times = r.cfg, r.cfg.num_generations, r.world.comm_seconds, {"rollout": 0.0, "scoring": 0.0}
     t0 = time.time()
     # ---------------------------------------------------------------- sample and score
@@ -152,10 +152,20 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
         adv[rows] = advantages(cfg, total, per_fn, rows, m)[0]
     all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], all(right), r.log)
     t2 = time.time()
-    # ---------------------------------------------------------------- update (on the groups kept)
+    # ---------------------------------------------------------------- update (on the groups kept) and step
     start = p.step - p.stage_step  # the stage's first step
-    upd = update(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens,
-                 learning_rate(cfg, stage, p.step, start), p.micro_cap)
+    batch = prepare(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
+    set_learning_rate(r.opt, learning_rate(cfg, stage, p.step, start))
+    passes = []
+    for _ in range(cfg.num_iterations):
+        passes.append(backward(r, batch))
+        if not passes[-1].stepped:
+            break  # a gradient that is not finite, or nothing trained: no step, and the update ends
+        r.opt.step()
+        if cfg.ewc_decoupled:  # EWC's pull back toward the anchors, after the step
+            r.ewc.pull(r.model, cfg.ewc_lambda, r.opt.param_groups[0]["lr"])
+    r.sampler.refresh()  # the new weights, for the next rollout
+    upd = summed(r, batch, passes)
     bad = check_update(r, p, upd, r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
     lr_next = learning_rate(cfg, stage, p.step + 1, start)  # logged, as transformers' Trainer logs it

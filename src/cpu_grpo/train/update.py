@@ -1,11 +1,13 @@
-"""The policy-gradient update of one step's samples: old and reference log-probs when needed, then
-num_iterations optimizer steps over micro-batches (gradients summed over the ranks, EWC, clipping), a smaller
-micro-batch after running out of memory before the first step, and the checks of what the update did (a
-non-finite gradient skips it; an exploded or vanished one is said). grpo.py has the loss; step.py the step."""
+"""The policy-gradient update of one step's samples, in the pieces the step (step.py) calls around its optimizer
+steps: `prepare` (the groups trained, the micro-batch, old and reference log-probs when needed), `backward` (the
+loss's gradient over micro-batches, summed over the ranks, EWC, clipping; a smaller micro-batch after running out
+of memory), `summed` (the update over its passes), and the checks of what it did (a non-finite gradient skips it;
+an exploded or vanished one is said). grpo.py has the loss."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -32,53 +34,80 @@ class Update(NamedTuple):
     micro_cap: int = 0
 
 
-def update(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, lr: float, micro_cap: int = 0) -> Update:
-    """The policy-gradient update on the groups that teach something (completions of up to `limit` tokens) at
-    learning rate `lr`, in micro-batches of at most `micro_cap` sequences (0: no cap); after running out of memory
-    before its first optimizer step, again at half the micro-batch (the cap it returns for the rest of the run)."""
+@dataclass
+class Batch:
+    """What a step's update trains: the rollout's groups on this rank that teach something (every rank's in
+    `trained`), their advantages, the completion limit, the micro-batch size (halved after running out of memory:
+    `micro_cap` then holds for the rest of the run) and the old and reference log-probs computed once."""
+
+    rollout: Rollout
+    adv: torch.Tensor
+    limit: int
+    groups: list[int]
+    trained: list[int]
+    mb: int
+    micro_cap: int = 0
+    fixed: dict = field(default_factory=dict)
+
+
+def prepare(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_cap: int = 0) -> Batch:
+    """The update's batch: the groups that teach something (completions of up to `limit` tokens), in micro-batches
+    of at most `micro_cap` sequences (0: no cap), with their fixed log-probs."""
     cfg, g, world = r.cfg, rollout.group_size or r.cfg.num_generations, r.world
     skip_zero = cfg.beta == 0 and cfg.num_iterations == 1  # zero advantage, zero gradient: skip the group
     groups = [i for i in range(world.rank, len(rollout.batch), world.size)  # this rank's groups
               if not (skip_zero and bool((adv[i * g:(i + 1) * g] == 0).all()))]
     trained = sorted(x for part in world.gather(groups) for x in part)  # every rank's
-    lengths = [len(c) for c in rollout.completions]
     mb = cfg.micro_batch_size or auto_micro_rows(r.model, max((len(p) for p in rollout.prompts), default=1),
-                                                 max(lengths, default=1), g, width=2 if r.autocast else 4)
-    mb = min(mb, micro_cap or mb)
-    for group in r.opt.param_groups:
-        group["lr"] = lr
+                                                 max((len(c) for c in rollout.completions), default=1), g,
+                                                 width=2 if r.autocast else 4)
+    batch = Batch(rollout, adv, limit, groups, trained, min(mb, micro_cap or mb), micro_cap)
+    _smaller_when_out_of_memory(r, batch, lambda: batch.fixed.update(_fixed_logprobs(r, ref, batch)))
+    return batch
+
+
+def backward(r: Run, batch: Batch) -> Update:
+    """The loss's gradient over the batch's micro-batches, summed over the ranks, EWC's term, clipped: this pass's
+    loss sums (this rank's), its gradient norm and whether the optimizer may step (a gradient that is finite, of a
+    group some rank trained or of EWC). After running out of memory, again at half the micro-batch."""
+    return _smaller_when_out_of_memory(r, batch, lambda: _gradient(r, batch))
+
+
+def summed(r: Run, batch: Batch, passes: list[Update]) -> Update:
+    """The update over its passes: loss sums averaged over num_iterations and summed over the ranks; the last
+    pass's gradient norm."""
+    sums = {k: sum(p.sums[k] for p in passes) / r.cfg.num_iterations for k in passes[0].sums}
+    summed_ = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
+    sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed_, strict=True))
+    return Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), batch.mb, batch.trained,
+                  batch.micro_cap)
+
+
+def _smaller_when_out_of_memory(r: Run, batch: Batch, work):
+    """work(), again with half the micro-batch each time it runs out of memory (nothing was stepped: the same
+    work, smaller pieces); the smaller size holds for the rest of the run."""
     while True:
         try:
-            fixed = _fixed_logprobs(r, ref, rollout, groups, mb)
-            first = _iteration(r, rollout, groups, bool(trained), adv, mb, fixed, limit)
-            break
-        except (RuntimeError, MemoryError) as e:  # nothing was stepped yet: the same update, smaller pieces
-            if mb <= 1 or not _out_of_memory(e):
+            return work()
+        except (RuntimeError, MemoryError) as e:
+            if batch.mb <= 1 or not _out_of_memory(e):
                 raise
         r.opt.zero_grad(set_to_none=True)
-        r.log(f"out of memory with {mb} sequences a micro-batch: this update again, and the rest of the run, "
-              f"with {mb // 2}")
-        mb = micro_cap = mb // 2
-    passes = [first]
-    while len(passes) < cfg.num_iterations and passes[-1].stepped:  # a skipped step ends the update
-        passes.append(_iteration(r, rollout, groups, bool(trained), adv, mb, fixed, limit))
-    sums = {k: sum(p.sums[k] for p in passes) / cfg.num_iterations for k in first.sums}
-    summed = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
-    sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed, strict=True))
-    upd = Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), mb, trained, micro_cap)
-    r.sampler.refresh()
-    return upd
+        r.log(f"out of memory with {batch.mb} sequences a micro-batch: this update again, and the rest of the run, "
+              f"with {batch.mb // 2}")
+        batch.mb = batch.micro_cap = batch.mb // 2
 
 
-def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -> dict:
+def _fixed_logprobs(r: Run, ref, batch: Batch) -> dict:
     """Old (num_iterations > 1) and reference (beta > 0) log-probs of this rank's groups, per micro-batch, computed
     once before the updates."""
-    cfg, g, pad = r.cfg, rollout.group_size or r.cfg.num_generations, r.tok.pad_token_id
+    cfg, rollout = r.cfg, batch.rollout
+    g, pad = rollout.group_size or cfg.num_generations, r.tok.pad_token_id
     lengths = [len(c) for c in rollout.completions]
     fixed = {}
     if cfg.num_iterations > 1 or ref is not None:
         with torch.no_grad():
-            for part, samples in micro_batches(groups, g, mb, lengths):
+            for part, samples in micro_batches(batch.groups, g, batch.mb, lengths):
                 for kind, net in (("old", r.model if cfg.num_iterations > 1 else None), ("ref", ref)):
                     if net is not None:
                         fixed[part, samples, kind] = group_logprobs(net, rollout.prompts, rollout.completions, part,
@@ -87,12 +116,10 @@ def _fixed_logprobs(r: Run, ref, rollout: Rollout, groups: list[int], mb: int) -
     return fixed
 
 
-def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv: torch.Tensor, mb: int,
-               fixed: dict, limit: int) -> Update:
-    """One optimizer step over micro-batches of `mb` sequences of this rank's `groups`: the loss's gradient, summed
-    over the ranks when any rank trained a group, EWC, clipping, the step (never one with a non-finite gradient).
-    Returns this pass's loss sums (this rank's), its gradient norm and whether it stepped."""
-    cfg, model, g = r.cfg, r.model, rollout.group_size or r.cfg.num_generations
+def _gradient(r: Run, batch: Batch) -> Update:
+    """backward's work at the batch's micro-batch size (never a step: the caller steps)."""
+    cfg, model, rollout, adv = r.cfg, r.model, batch.rollout, batch.adv
+    g, groups, mb, fixed = rollout.group_size or cfg.num_generations, batch.groups, batch.mb, batch.fixed
     prompts, completions = rollout.prompts, rollout.completions
     lengths = [len(c) for c in completions]
     # mask_truncated_completions (DAPO): a completion cut at the limit is left out of the loss and its normaliser
@@ -101,7 +128,7 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
     # with tools, only the tokens the model wrote are trained and counted (tool results are not its actions)
     written = _written(rollout, lengths)
     trained = [n if written is None else int(written[i].sum()) for i, n in enumerate(lengths)]
-    norm = {"num_seqs": len(completions), "max_new_tokens": limit,
+    norm = {"num_seqs": len(completions), "max_new_tokens": batch.limit,
             "num_tokens": max(1, sum(n for n, out in zip(trained, masked, strict=True) if not out))}
     entropy = cfg.top_entropy_quantile < 1
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
@@ -126,20 +153,17 @@ def _iteration(r: Run, rollout: Rollout, groups: list[int], any_rank: bool, adv:
             sums[key] += v
     if shared:
         shared.close()
-    if any_rank:
+    if batch.trained:
         r.world.sum_grads([p for p in model.parameters() if p.requires_grad])
     # EWC: lambda * F * (theta - anchor) joins the policy gradient (ewc.EWC), once, after the sum;
     # decoupled, it pulls the weights back after the optimizer step instead
     sums["ewc_penalty"], sums["ewc_grad_norm"] = r.ewc.apply(model, cfg.ewc_lambda, grad=not cfg.ewc_decoupled)
-    if not (any_rank or r.ewc.fisher and cfg.ewc_lambda):
+    if not (batch.trained or r.ewc.fisher and cfg.ewc_lambda):
         return Update(sums, 0.0, False)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or math.inf)
     if not torch.isfinite(grad_norm):  # never step with nan/inf: the caller counts and reports it
         r.opt.zero_grad(set_to_none=True)
         return Update(sums, float(grad_norm), False)
-    r.opt.step()
-    if cfg.ewc_decoupled:
-        r.ewc.pull(model, cfg.ewc_lambda, r.opt.param_groups[0]["lr"])
     return Update(sums, float(grad_norm), True)
 
 
