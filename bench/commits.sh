@@ -31,7 +31,8 @@ for x, y in zip(a, b, strict=True):
     print(f"| {x['step']} | {x['reward']:.4f} | {y['reward']:.4f} | {x['loss']:.4f} | {y['loss']:.4f} | "
           f"{x['step_seconds']:.1f} | {y['step_seconds']:.1f} |")
 ta, tb = sum(x["step_seconds"] for x in a), sum(y["step_seconds"] for y in b)
-same = {k: all(x[k] == y[k] for x, y in zip(a, b)) for k in ("reward", "loss", "grad_norm")}
+same = {name: all(x[k] == y[k] for x, y in zip(a, b))
+        for k, name in (("reward", "rewards"), ("loss", "losses"), ("grad_norm", "gradient norms"))}
 print(f"\nsteps: {ta:.0f} s and {tb:.0f} s ({tb / ta:.2f}x); at every step, "
-      + ", ".join(f"{k}s {'identical' if ok else 'differ'}" for k, ok in same.items()))
+      + ", ".join(f"{name} {'identical' if ok else 'differ'}" for name, ok in same.items()))
 EOF
