@@ -83,6 +83,11 @@ def make_card(run: Path, card: Path, raw_at: str, raw_prefix: str, plots: list[s
         if is_eval(path):
             records = [json.loads(line) for line in path.open() if line.strip()]
             removed.append((str(rel), sha256(path)))  # the full file, completions included
+            if rel.parts[0] == "evals" and last_eval and last_eval[0].name == "eval_after.jsonl" \
+                    and records == last_eval[1]:  # a one-stage run's stage evaluation: eval_after's records again
+                if out.resolve() == path.resolve():
+                    path.unlink()
+                continue
             out.parent.mkdir(parents=True, exist_ok=True)
             write_compact(records, out.with_name(out.name + ".gz"))
             if out.resolve() == path.resolve():

@@ -23,5 +23,5 @@ for name in "${names[@]}"; do
   PYTHONPATH="$code/src" .venv/bin/python -m cpu_grpo train "${task[@]}" --seed "$seed" --threads 2 --output-dir "$out" > "$out.log" 2>&1
   rc=$?
   echo "$(date -u +%H:%M) $name seed $seed rc=$rc"
-  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/task-suite/$name-seed$seed"
+  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/task-suite/$name-seed$seed" --plots accuracy.png
 done
