@@ -106,6 +106,16 @@ def tool_model(tiny_model: str, where) -> str:
     return str(path)
 
 
+def scripted(tok, call: str, answer: str):
+    """A sampler's generate that makes a tool call as a conversation's first turn and answers after a result."""
+    def generate(self, prompts, k, sampling, generator=None):
+        said = [answer if tok.decode(p).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") else call
+                for p in prompts]
+        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in said for _ in range(k)]
+
+    return generate
+
+
 @pytest.mark.slow
 def test_a_run_with_tools_trains_and_evaluates_with_them(tiny_model, tmp_path, monkeypatch):
     """A scripted model calls the calculator in its first turn and answers after the result: the run logs one call
@@ -115,15 +125,8 @@ def test_a_run_with_tools_trains_and_evaluates_with_them(tiny_model, tmp_path, m
     from cpu_grpo.train.loop import train
 
     model = tool_model(tiny_model, tmp_path)
-    tok = tool_tok(model)
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>'
-
-    def scripted(self, prompts, k, sampling, generator=None):
-        said = ["#### 4" if tok.decode(p).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") else call
-                for p in prompts]
-        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in said for _ in range(k)]
-
-    monkeypatch.setattr(Sampler, "generate", scripted)
+    monkeypatch.setattr(Sampler, "generate", scripted(tool_tok(model), call, "#### 4"))
     out = tmp_path / "run"
     cfg = config.build(None, None, dict(model=model, output_dir=str(out), steps=2, prompts_per_step=2,
                                         num_generations=2, max_new_tokens=120, eval_size=3, tools=["calculator"],

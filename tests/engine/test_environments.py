@@ -12,7 +12,7 @@ from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.data.environments import EnvError, load_environments, methods
 from cpu_grpo.engine.agent import sample_with_tools
-from tests.engine.test_agent import tool_model, tool_tok
+from tests.engine.test_agent import scripted, tool_model, tool_tok
 
 GAME = '''
 class GuessWord:
@@ -182,15 +182,8 @@ def test_a_word_game_trains_and_evaluates_in_its_environment(tiny_model, tmp_pat
     from cpu_grpo.train.loop import train
 
     model = tool_model(tiny_model, tmp_path)
-    tok = tool_tok(model)
     call = '<tool_call>{"name": "guess", "arguments": {"word": "cat"}}</tool_call>'
-
-    def scripted(self, prompts, k, sampling, generator=None):
-        said = ["done" if tok.decode(p).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") else call
-                for p in prompts]
-        return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in said for _ in range(k)]
-
-    monkeypatch.setattr(Sampler, "generate", scripted)
+    monkeypatch.setattr(Sampler, "generate", scripted(tool_tok(model), call, "done"))
     data = tmp_path / "game.jsonl"
     data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Guess the word ({i})."}],
                                         "secret": ["cat", "dog"][i % 2]}) + "\n" for i in range(20)))
