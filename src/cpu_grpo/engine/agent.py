@@ -76,7 +76,11 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
     conversation that called a tool. Returns each problem's prompt (the tokens its rows' prompts share, the tools'
     schemas in them) and each row's Turns; a row's prompt past the shared part (an observation of its own) starts
     its completion, masked like a tool's result."""
-    whole = [prompt_ids(tok, chat, tool_lib.schemas(fns)) for chat, fns in zip(chats, tools, strict=True)]
+    rendered: dict[tuple[int, int], list[int]] = {}  # rows that share their chat and tools are rendered once
+    for chat, fns in zip(chats, tools, strict=True):
+        if (id(chat), id(fns)) not in rendered:
+            rendered[id(chat), id(fns)] = prompt_ids(tok, chat, tool_lib.schemas(fns))
+    whole = [rendered[id(chat), id(fns)] for chat, fns in zip(chats, tools, strict=True)]
     prompts = [_shared(whole[b:b + g]) for b in range(0, len(whole), g)]
     rows = [Turns() for _ in whole]
     for r, ids in enumerate(whole):
