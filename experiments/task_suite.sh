@@ -3,6 +3,7 @@
 # Usage: experiments/task_suite.sh SEED [NAME ...]   (NAME: basic gsm8k countdown code chain_sum ...; default all)
 # Each run goes to runs/suite-NAME-seedS; its card is made with experiments/card.py into results/task-suite/.
 # CODE=DIR runs the code of another checkout (a worktree at the plan's commit: edits here do not reach the runs).
+# Each run holds runs/.cpu.lock: a bench started as `flock runs/.cpu.lock CMD` waits for the run and runs alone.
 set -u
 cd "$(dirname "$0")/.."
 code=${CODE:-.}
@@ -19,8 +20,10 @@ for name in "${names[@]}"; do
   esac
   out=runs/suite-$name-seed$seed
   [ -f "$out/summary.json" ] && { echo "$name: done already"; continue; }
+  sleep 5  # a bench waiting for the lock gets it before the next run
   echo "$(date -u +%H:%M) $name seed $seed"
-  PYTHONPATH="$code/src" .venv/bin/python -m cpu_grpo train "${task[@]}" --seed "$seed" --threads 2 --output-dir "$out" > "$out.log" 2>&1
+  PYTHONPATH="$code/src" flock runs/.cpu.lock \
+    .venv/bin/python -m cpu_grpo train "${task[@]}" --seed "$seed" --threads 2 --output-dir "$out" > "$out.log" 2>&1
   rc=$?
   echo "$(date -u +%H:%M) $name seed $seed rc=$rc"
   [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/task-suite/$name-seed$seed" --plots accuracy.png
