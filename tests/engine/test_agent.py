@@ -11,6 +11,7 @@ from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.data.tools import calculator
 from cpu_grpo.engine.agent import Turns, sample_with_tools, tool_suffix_ids
+from cpu_grpo.engine.conversation import in_rounds
 from cpu_grpo.train import runstate, update
 from cpu_grpo.train.rollout import Rollout
 
@@ -52,9 +53,12 @@ def test_a_conversation_calls_a_tool_reads_its_result_and_answers(tiny_model):
                 1: ["#### 42", "#### 0"]}
     asked = []
 
-    def generate(prompts, k, limit):  # round 0: the group's 2 first turns; round 1: each conversation's next turn
+    def once(prompts, k, limit):  # round 0: the group's 2 first turns; round 1: each conversation's next turn
         asked.append((len(prompts), k))
         return [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in scripted[len(asked) - 1]]
+
+    def generate(prompts, k, conversation):
+        return in_rounds(once, prompts, k, 200, (eos,), conversation)
 
     chats = [[{"role": "user", "content": "What is 6 * 7?"}]]
     prompts, rows = sample_with_tools(tok, generate, chats * 2, 2, [[calculator]] * 2, 200, 3, (eos,))
@@ -108,10 +112,15 @@ def tool_model(tiny_model: str, where) -> str:
 
 def scripted(tok, call: str, answer: str):
     """A sampler's generate that makes a tool call as a conversation's first turn and answers after a result."""
-    def generate(self, prompts, k, sampling, generator=None):
+    def once(prompts, k, limit):
         said = [answer if tok.decode(p).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n") else call
                 for p in prompts]
         return [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in said for _ in range(k)]
+
+    def generate(self, prompts, k, sampling, generator=None, conversation=None):
+        if conversation is None:
+            return once(prompts, k, sampling.max_new_tokens)
+        return in_rounds(once, prompts, k, sampling.max_new_tokens, sampling.stops, conversation)
 
     return generate
 

@@ -12,6 +12,7 @@ from cpu_grpo import config
 from cpu_grpo.data import tasks
 from cpu_grpo.data.environments import EnvError, load_environments, methods
 from cpu_grpo.engine.agent import sample_with_tools
+from cpu_grpo.engine.conversation import in_rounds
 from tests.engine.test_agent import scripted, tool_model, tool_tok
 
 GAME = '''
@@ -151,9 +152,12 @@ def test_observations_that_differ_within_a_group_start_each_completion_masked(ti
     eos = tok.eos_token_id
     asked = []
 
-    def generate(prompts, k, limit):
+    def once(prompts, k, limit):
         asked.append([tok.decode(p) for p in prompts])
         return [tok("#### 1", add_special_tokens=False)["input_ids"] + [eos] for _ in prompts for _ in range(k)]
+
+    def generate(prompts, k, conversation):
+        return in_rounds(once, prompts, k, 100, (eos,), conversation)
 
     chats = [[{"role": "user", "content": f"Play. Board {b}"}] for b in ("A", "B")]
     prompts, turns = sample_with_tools(tok, generate, chats, 2, [[], []], 100, 2, (eos,))

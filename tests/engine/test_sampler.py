@@ -290,11 +290,11 @@ def test_a_role_the_chat_template_refuses_is_one_sentence(tiny_model):
 
 
 def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_and_in_a_log_lines(monkeypatch, capsys):
-    from cpu_grpo.engine import sampler as sampler_mod
+    from cpu_grpo.engine import progress
 
-    monkeypatch.setattr(sampler_mod, "BAR_EVERY", 0.0)
-    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)
-    tick = sampler_mod.ProgressLines(print, "  eval batch 1/1", bar=True)
+    monkeypatch.setattr(progress, "BAR_EVERY", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)
+    tick = progress.ProgressLines(print, "  eval batch 1/1", bar=True)
     for done in (5, 10):
         tick(done, 20)
     tick.end()
@@ -302,7 +302,41 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place_and_in_a_log_lines(mon
     assert out.startswith("\r  eval batch 1/1: [#####...............] 5/20 ") and out.count("\r") == 2
     assert "[##########..........] 10/20 " in out and out.endswith("\n") and out.count("\n") == 1
     lines = []
-    tick = sampler_mod.ProgressLines(lines.append, "  eval batch 1/1")  # not a terminal: one line a tick
+    tick = progress.ProgressLines(lines.append, "  eval batch 1/1")  # not a terminal: one line a tick
     tick(5, 20)
     tick.end()
     assert len(lines) == 1 and lines[0].startswith("  eval batch 1/1: token 5 of at most 20, ")
+
+
+def test_a_conversation_goes_on_in_each_rows_cache_as_sampling_it_again_would(model):
+    """Rows given tokens when a turn ends (a tool's result) write on from their own KV cache, beside the rows still
+    writing: greedy, the same tokens and the same turns as sampling each turn again from the prompt and the
+    conversation so far (in_rounds); a row's opening is fed before it writes."""
+    import dataclasses
+
+    from cpu_grpo.engine.conversation import Conversation, in_rounds
+
+    eos = model.config.eos_token_id
+    sampler = Sampler(model, dtype=torch.float32)
+    plain = Sampling(30, (eos,), model.config.pad_token_id, temperature=0)
+    written = [t for out in sampler.generate(PROMPTS, 1, plain) for t in out[1:]]
+    stops = sorted(set(written), key=written.count)[-3:]  # words the model writes often: turns end there
+    sampling = dataclasses.replace(plain, stops=(eos, *stops))
+
+    def run(generate):
+        turns = []
+
+        def then(r, turn):
+            turns.append((r, turn))
+            return [17 + r, 18, 19] if sum(t[0] == r for t in turns) <= 2 else None
+
+        opening = [[], [21, 22], [], [], [23], []]
+        return generate(Conversation(opening, then)), sorted(turns)
+
+    def once(prompts, k, limit):
+        return sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=limit))
+
+    fast, fast_turns = run(lambda c: sampler.generate(PROMPTS, 2, sampling, conversation=c))
+    again, again_turns = run(lambda c: in_rounds(once, PROMPTS, 2, 30, sampling.stops, c))
+    assert fast == again and fast_turns == again_turns
+    assert len(fast_turns) > 6 and fast[1][:2] == [21, 22] and fast[4][0] == 23  # rows went on; openings first

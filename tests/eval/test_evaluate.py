@@ -180,10 +180,10 @@ def test_an_evaluation_batch_says_how_far_it_is(tiny_model, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cpu_grpo.data.tasks import generate
-    from cpu_grpo.engine import sampler as sampler_mod
+    from cpu_grpo.engine import progress
     from cpu_grpo.engine.sampler import Sampler
 
-    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)
     tok, model = AutoTokenizer.from_pretrained(tiny_model), AutoModelForCausalLM.from_pretrained(tiny_model)
     sampler = Sampler(model, dtype=torch.float32)
     lines = []

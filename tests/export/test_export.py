@@ -127,9 +127,9 @@ def test_peft_export_loads_on_its_base(runs, tmp_path, tiny_model):
 
 
 def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_path, monkeypatch):
-    from cpu_grpo.engine import sampler as sampler_mod
+    from cpu_grpo.engine import progress
 
-    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)  # the long phases say how far they are, with a rate
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)  # the long phases say how far they are, with a rate
     out, said = tmp_path / "q8", []
     result = export(_quiet(spec=str(runs["full"]), format="gguf", quant="q8_0", out=str(out), ollama="tiny-model",
                            verify_n=6), log=said.append)

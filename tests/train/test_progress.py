@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from test_curriculum import stage_cfg
 
-from cpu_grpo.engine import sampler as sampler_mod
+from cpu_grpo.engine import progress
 from cpu_grpo.train.loop import train
 
 
 @pytest.mark.slow
 def test_sampling_and_the_fisher_say_how_far_they_are(tiny_model, tmp_path, reward_file, monkeypatch):
-    monkeypatch.setattr(sampler_mod, "PROGRESS_EVERY", 0.0)
+    monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)
     lines = []
     train(stage_cfg(tiny_model, tmp_path / "run", reward_file, steps=2, stages=["basic:1", "intermediate:1"],
                     eval_size=0), log=lines.append)

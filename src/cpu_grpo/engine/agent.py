@@ -4,9 +4,8 @@ as the template writes them: `tool_suffix_ids`), and the model goes on until it 
 `max_calls` rounds, or the completion budget is spent. A row's completion is every token after its prompt: the
 model's (trained, mask 1) and the tools' and the template's (mask 0, out of the loss and the log-prob ratio).
 
-Training (train/rollout.py) and the held-out evaluation (eval/evaluate.py) run the same loop. This first version
-prefills each continued conversation again (the sampler's `generate` on prompt + completion so far); the fast path
-keeps each row's KV cache across turns (issue 69, item 3).
+Training (train/rollout.py) and the held-out evaluation (eval/evaluate.py) run the same loop, one sampler call a
+rollout: the sampler gives each row its results when its turn ends and keeps its KV cache (engine/conversation.py).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..data import tools as tool_lib
+from .conversation import Conversation
 
 
 @dataclass
@@ -56,26 +56,22 @@ def tool_suffix_ids(tok, tool_messages: list[dict]) -> list[int]:
     return full[len(prefix):]
 
 
-Generate = Callable[[list[list[int]], int, int], list[list[int]]]  # (prompts, completions each, token limit)
+Generate = Callable[[list[list[int]], int, Conversation], list[list[int]]]  # (prompts, completions each, ...)
 
 
 def generating(sampler, sampling, gen=None) -> Generate:
-    """The sampler as sample_with_tools calls it: `sampling` with each call's own token limit."""
-    import dataclasses
-
-    return lambda prompts, k, most: sampler.generate(prompts, k, dataclasses.replace(sampling, max_new_tokens=most),
-                                                     gen)
+    """The sampler as sample_with_tools calls it: `sampling` (its limit: the conversation's) and the generator."""
+    return lambda prompts, k, conversation: sampler.generate(prompts, k, sampling, gen, conversation)
 
 
 def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, tools: list[list[Callable]],
                       budget: int, max_calls: int, stops: tuple[int, ...]) -> tuple[list[list[int]], list[Turns]]:
     """G conversations for each problem (group-major), each within `budget` completion tokens. `chats` and `tools`
     are one a row (B*G): an environment may add its observation to each row's prompt and give each row its own
-    tools. `generate(prompts, k, limit)` samples k completions of up to `limit` tokens for each prompt (the run's
-    sampler and generator): the first turn k = g from each problem's prompt, then one continuation for each
-    conversation that called a tool. Returns each problem's prompt (the tokens its rows' prompts share, the tools'
-    schemas in them) and each row's Turns; a row's prompt past the shared part (an observation of its own) starts
-    its completion, masked like a tool's result."""
+    tools. `generate(prompts, k, conversation)` samples k conversations from each prompt (the run's sampler, its
+    limit `budget`): each turn that calls a tool gets the results (`then`). Returns each problem's prompt (the
+    tokens its rows' prompts share, the tools' schemas in them) and each row's Turns; a row's prompt past the shared
+    part (an observation of its own) opens its completion, masked like a tool's result."""
     rendered: dict[tuple[int, int], list[int]] = {}  # rows that share their chat and tools are rendered once
     for chat, fns in zip(chats, tools, strict=True):
         if (id(chat), id(fns)) not in rendered:
@@ -85,36 +81,40 @@ def sample_with_tools(tok, generate: Generate, chats: list[list[dict]], g: int, 
     rows = [Turns() for _ in whole]
     for r, ids in enumerate(whole):
         rows[r].add(ids[len(prompts[r // g]):], by_model=False)
-    live = [r for r in range(len(rows)) if len(rows[r].ids) < budget]
-    for round_ in range(max_calls + 1):
-        if not live:
-            break
-        outs = generate(prompts, g, budget) if not any(t.ids for t in rows) else \
-            generate([prompts[r // g] + rows[r].ids for r in live], 1, budget - min(len(rows[r].ids) for r in live))
-        going = []
-        for r, out in zip(live, outs, strict=True):
-            turns = rows[r]
-            out = out[:budget - len(turns.ids)]
-            turns.add(out, by_model=True)
-            text = tok.decode(out, skip_special_tokens=True)
-            calls = tool_lib.tool_calls(text)
-            turns.messages.append({"role": "assistant", "content": text,
-                                   **({"tool_calls": [c for c in calls if c["type"] == "function"]} if calls else {})})
-            if not calls or round_ == max_calls or not out or out[-1] not in stops:
-                continue  # an answer, the last round, or cut at the budget: the conversation ends here
-            results = []
-            for c in calls:
-                name, result, failed = tool_lib.call(tools[r], c)
-                turns.calls, turns.failed = turns.calls + 1, turns.failed + failed
-                results.append({"role": "tool", "name": name, "content": result})
-            suffix = tool_suffix_ids(tok, results)
-            if len(turns.ids) + len(suffix) >= budget:  # no room to answer after the results: it ends here
-                continue
-            turns.messages += results
-            turns.add(suffix, by_model=False)
-            going.append(r)
-        live = going
+
+    def then(r: int, turn: list[int]) -> list[int] | None:  # row r's turn ended in a stop token
+        return _took_turn(tok, rows[r], turn, tools[r], max_calls, budget, stops)
+
+    outs = generate(prompts, g, Conversation([t.ids.copy() for t in rows], then))
+    for r, out in enumerate(outs):
+        if len(out) > len(rows[r].ids):  # a last turn cut at the budget
+            _took_turn(tok, rows[r], out[len(rows[r].ids):], tools[r], max_calls, budget, stops)
     return prompts, rows
+
+
+def _took_turn(tok, turns: Turns, turn: list[int], tools: list[Callable], max_calls: int, budget: int,
+               stops: tuple[int, ...]) -> list[int] | None:
+    """Record the model's turn; run the tools it calls, unless it was its last round or cut at the budget: the
+    tokens that give it their results (None: the conversation ends, also when no room is left to answer)."""
+    rounds = sum(m["role"] == "assistant" for m in turns.messages)
+    turns.add(turn, by_model=True)
+    text = tok.decode(turn, skip_special_tokens=True)
+    calls = tool_lib.tool_calls(text)
+    turns.messages.append({"role": "assistant", "content": text,
+                           **({"tool_calls": [c for c in calls if c["type"] == "function"]} if calls else {})})
+    if not calls or rounds == max_calls or turn[-1] not in stops:
+        return None  # an answer, the last round, or cut at the budget: the conversation ends here
+    results = []
+    for c in calls:
+        name, result, failed = tool_lib.call(tools, c)
+        turns.calls, turns.failed = turns.calls + 1, turns.failed + failed
+        results.append({"role": "tool", "name": name, "content": result})
+    suffix = tool_suffix_ids(tok, results)
+    if len(turns.ids) + len(suffix) >= budget:  # no room to answer after the results: it ends here
+        return None
+    turns.messages += results
+    turns.add(suffix, by_model=False)
+    return suffix
 
 
 def _shared(prompts: list[list[int]]) -> list[int]:

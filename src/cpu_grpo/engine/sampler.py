@@ -11,15 +11,17 @@ How it departs from `transformers.generate`:
 3. Each prompt is prefilled once; its keys/values stay in one copy that the G rows of its group share.
 4. Finished rows are dropped from the batch, so long stragglers do not carry dead rows.
 5. Randomness comes from an explicit `torch.Generator`: a rollout can be replayed from its seed.
+6. A multi-turn rollout (tools, environments: engine/agent.py) is one call: a row whose turn ends in a stop token
+   gets its tool results fed to it, a token a step beside the rows still writing, into its own KV cache, and
+   writes on; no conversation is prefilled again and no row waits for another's turn (a `Conversation`).
 Other architectures fall back to `model.generate` on the bf16 copy.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
+from .conversation import Conversation, Turns, in_rounds
 from .decode import PrefixCache, decode_step
 from .llama import (
     Proj,
@@ -55,43 +58,6 @@ class Sampling:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (token, of at most) a step
-
-
-PROGRESS_EVERY = 30.0  # seconds between two progress lines of one rollout (an evaluation batch, a step's sampling)
-BAR_EVERY = 0.5  # seconds between two redraws of a progress bar on a terminal
-
-
-class ProgressLines:
-    """A callback `tick(done, of_at_most)` that says `what` with how far it is, the rate and the most time left (a
-    decode step's Sampling.progress; the Fisher's samples; an export's tensors): a batch of 200 problems on a busy
-    machine took 10 minutes without a word. To a log, a line at most every PROGRESS_EVERY seconds; on a terminal
-    (`log` is print and stdout a tty), a bar redrawn in place, ended by `end()` (Sampler.generate calls it)."""
-
-    def __init__(self, log, what: str, unit: str = "token", rate: str = "tokens/s a row", bar: bool | None = None):
-        self.log, self.what, self.unit, self.rate = log, what, unit, rate
-        self.bar = (log is print and sys.stdout.isatty()) if bar is None else bar
-        self.start = self.last = time.time()
-        self.drawn = False
-
-    def __call__(self, done: int, limit: int) -> None:
-        now = time.time()
-        if now - self.last < (BAR_EVERY if self.bar else PROGRESS_EVERY):
-            return
-        self.last, each = now, (now - self.start) / done
-        how = f"{1 / each:.1f} {self.rate}, at most {each * (limit - done):.0f} s left"
-        if not self.bar:
-            self.log(f"{self.what}: {self.unit} {done} of at most {limit}, {how}")
-            return
-        filled = round(20 * done / max(limit, 1))
-        sys.stdout.write(f"\r{self.what}: [{'#' * filled}{'.' * (20 - filled)}] {done}/{limit} {how}\033[K")
-        sys.stdout.flush()
-        self.drawn = True
-
-    def end(self) -> None:
-        """The phase is over: a bar drawn on a terminal gets its line ended (a log needs nothing)."""
-        if self.drawn:
-            sys.stdout.write("\n")
-            self.drawn = False
 
 
 def _plain_name(name: str) -> str:
@@ -182,8 +148,9 @@ class Sampler:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: Sampling,
-                 generator: torch.Generator | None = None) -> list[list[int]]:
-        """Return B*G completions (token ids, a stop token included when reached), group-major: row i*G+j."""
+                 generator: torch.Generator | None = None, conversation: Conversation | None = None) -> list[list[int]]:
+        """Return B*G completions (token ids, a stop token included when reached), group-major: row i*G+j; with a
+        `conversation`, each row's whole conversation after its prompt, within `sampling.max_new_tokens`."""
         if not prompts:
             return []
         context = getattr(self.net.config, "max_position_embeddings", None)
@@ -194,8 +161,14 @@ class Sampler:
         if self.released is not None or (self.fast and self.projs is None):
             self.refresh()
         if not self.fast:
-            return _hf_generate(self.net, prompts, num_generations, sampling, generator)
-        return _fast_generate(self.net, self.projs, self.head, prompts, num_generations, sampling, generator)
+            def once(ps, k, limit):
+                return _hf_generate(self.net, ps, k, dataclasses.replace(sampling, max_new_tokens=limit), generator)
+
+            if conversation is None:
+                return once(prompts, num_generations, limit)
+            return in_rounds(once, prompts, num_generations, limit, sampling.stops, conversation)
+        return _fast_generate(self.net, self.projs, self.head, prompts, num_generations, sampling, generator,
+                              conversation)
 
 
 def _output_layer(net):
@@ -310,7 +283,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 PREFILL_TOKENS = 4096
 
 
-def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sampling, generator):
+def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sampling, generator,
+                   conversation: Conversation | None = None):
     cfg, s, max_new_tokens = net.config, sampling, sampling.max_new_tokens
     b, g = len(prompts), num_generations
     ids, valid = left_pad(prompts, s.pad_id)
@@ -331,16 +305,19 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
     done = torch.zeros(b * g, dtype=torch.bool)  # per live batch row
     work = sample_work(b * g, logits.shape[-1]) if s.temperature > 0 else None  # greedy draws need none
     seen = seen_words(prompts, g, logits.shape[-1]) if s.repetition_penalty != 1.0 else None
+    turns = Turns(conversation) if conversation is not None else None
     for step in range(max_new_tokens):
         if seen is not None:
             logits = penalised(logits, seen, s.repetition_penalty)
         tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work, s.min_p)
+        given = turns.give(cache.rows, tok) if turns is not None else None
         if seen is not None:
             seen[torch.arange(len(tok)), tok] = True
         for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
             if not d:
                 out[r].append(t)
-        done = done | torch.isin(tok, eos)
+        ended = torch.isin(tok, eos)
+        done = done | (ended if turns is None else turns.ended(cache.rows, ended & ~given & ~done, out))
         if s.progress is not None:
             s.progress(step + 1, max_new_tokens)
         if step == max_new_tokens - 1 or bool(done.all()):

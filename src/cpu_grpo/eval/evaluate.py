@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import answers, rewards, tasks, verifiers
-from ..engine import sampler as sampler_mod
+from ..engine.progress import ProgressLines
 from . import metrics, stats
 
 # problems per greedy batch: with more rows each decode step's matmuls run closer to the machine's peak (the 0.5B
@@ -120,7 +120,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     batches, batch_size = equal_batches(len(todo), batch_size) if todo else (1, 1)
     for i in range(0, len(todo), batch_size):
         part = todo[i:i + batch_size]
-        tick = sampler_mod.ProgressLines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
+        tick = ProgressLines(log, f"  eval batch {i // batch_size + 1}/{batches} ({len(part)} problems)")
         sampled = dataclasses.replace(sampling, progress=tick)
         chats, envs = [ex.chat(instruction, system) for ex in part], None
         if tools or environments:

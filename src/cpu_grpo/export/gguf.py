@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.sampler import ProgressLines
+from ..engine.progress import ProgressLines
 from . import gguf_arch
 from .gguf_arch import ARCHS, GGUFError, gguf_name, permute_rope  # noqa: F401  (the writer's public names)
 

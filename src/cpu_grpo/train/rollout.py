@@ -14,8 +14,8 @@ from ..data import rewards, tasks
 from ..data.environments import Environments, episodes
 from ..engine import agent
 from ..engine.agent import Turns
+from ..engine.progress import ProgressLines
 from ..engine.prompts import encode_prompts
-from ..engine.sampler import ProgressLines
 from ..eval.evaluate import Judge
 from .distributed import World
 
@@ -94,7 +94,7 @@ def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch
     """G completions for each problem of the batch as `sampling` says (its limit, temperature, stop tokens), from
     the sampler with the run's generator; with `tools` or `environments`, G conversations that may call them
     (engine/agent.py; each with an environment of its own, reset for its row) within the same limit. A rollout that
-    takes long says how far it is, as `what` (engine.sampler.ProgressLines)."""
+    takes long says how far it is, as `what` (engine.progress.ProgressLines)."""
     if what:
         sampling = dataclasses.replace(sampling, progress=ProgressLines(log, what))
     g, limit, stops, turns, envs = cfg.num_generations, sampling.max_new_tokens, sampling.stops, None, None

@@ -15,8 +15,8 @@ import torch
 from ..config.stages import Stage
 from ..data import tasks
 from ..engine.batching import group_logprobs
+from ..engine.progress import ProgressLines
 from ..engine.prompts import encode_prompts
-from ..engine.sampler import ProgressLines
 from ..errors import UserError
 from ..eval import evaluate, forgetting
 from ..rundir import append_jsonl, read_jsonl, stage_eval_path, write_status
