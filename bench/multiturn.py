@@ -4,7 +4,8 @@
     .venv/bin/python bench/multiturn.py --cells 8x8x256 --reps 2
 
 The default profile's model and sampler (Qwen2.5-Coder-0.5B-Instruct, LoRA sampled unmerged, bf16) on GSM8K test
-problems, G samples each, at the profile's temperature, in three ways, each from the same generator seed:
+problems, G samples each, at the profile's temperature, with a system turn that asks for the calculator (SYSTEM), in
+three ways, each from the same generator seed:
 - single: the plain prompt, one turn (what a run without tools samples);
 - multi-turn: the prompt with the builtin calculator, one sampler call in which a row whose turn ends in a tool
   call gets its result fed into its own KV cache and writes on (engine/conversation.py);
@@ -34,6 +35,8 @@ from cpu_grpo.engine.threads import set_threads
 from cpu_grpo.machine.allocator import keep_freed_memory
 
 MODES = ("single", "multi-turn", "in rounds")
+# the system turn of every mode: a model that never calls a tool would measure one turn three times
+SYSTEM = "Use the calculator tool for every arithmetic step."
 
 
 def sample(run, mode: str, chats, g: int, new: int, seed: int, max_calls: int) -> dict:
@@ -63,16 +66,19 @@ def main() -> None:
     ap.add_argument("--cells", nargs="+", default=["8x8x256"], help="prompts x samples x new tokens")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-calls", type=int, default=5)
+    ap.add_argument("--system-prompt", default=SYSTEM, help="the system turn of every mode ('' for none)")
     args = ap.parse_args()
     threads = set_threads()
     keep_freed_memory()
     from cpu_grpo.train import runstate
 
-    cfg = config.build("default", None, {"output_dir": "/tmp/bench-multiturn", "learning_rate": 1e-9})
+    cfg = config.build("default", None, {"output_dir": "/tmp/bench-multiturn", "learning_rate": 1e-9,
+                                         "system_prompt": args.system_prompt})
     run, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
     problems = loaders.load_task("gsm8k", split="test")
     print(f"threads {threads}; {cfg.model}, LoRA r {cfg.lora_r}, sampled {run.sampler.dtype} "
-          f"({'unmerged' if run.sampler.unmerged else 'copy'}); GSM8K test problems; temperature {cfg.temperature}\n")
+          f"({'unmerged' if run.sampler.unmerged else 'copy'}); GSM8K test problems; temperature {cfg.temperature}; "
+          f"system turn {cfg.system_prompt!r}\n")
     print("| prompts x samples x new tokens | mode | model tok/s | all tok/s | of single (model tok/s) | "
           "tokens written a row | given a row | tool calls a row | seconds |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
