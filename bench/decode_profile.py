@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-import cpu_grpo.engine.llama as llama
+import cpu_grpo.engine.projections as projections
 import cpu_grpo.engine.sampler as sampler_mod
 from cpu_grpo import config
 from cpu_grpo.data import tasks
@@ -38,7 +38,7 @@ def compile_decode() -> None:
     def _(x, packed, b):
         return x.new_empty(*x.shape[:-1], packed.shape[0])
 
-    llama.linear_packed = linear_packed
+    projections.linear_packed = linear_packed
     sampler_mod.decode_step = torch.compile(sampler_mod.decode_step, dynamic=True)
 
 

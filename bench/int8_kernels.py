@@ -5,7 +5,7 @@
 
 For each projection of one layer of the model (fused q/k/v, o, fused gate/up, down) and the output layer, with
 `rows` rows (a decode step's live rows), the time of y = x @ W.T in bf16 with W packed for oneDNN (the sampler's
-llama.Proj today) and in int8, W quantized per output channel once and x per row (token) at each call:
+projections.Proj today) and in int8, W quantized per output channel once and x per row (token) at each call:
 - `_int_mm`: torch._int_mm (int8 x int8 -> int32), the quantization of x and the scaling of y in plain torch ops;
 - `fbgemm dynamic`: torch.ops.quantized.linear_dynamic (x quantized per tensor inside, fp32 in and out);
 - `onednn u8`: torch.ops.onednn.qlinear_pointwise on a prepacked int8 weight (inductor's x86 int8 kernel), x
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cpu_grpo.engine.llama import linear_packed, pack
+from cpu_grpo.engine.projections import linear_packed, pack
 from cpu_grpo.engine.threads import set_threads
 
 

@@ -4,7 +4,7 @@ Qwen2: width 896, MLP 4864, q/k/v 1152, 151,936 words):
     .venv/bin/python bench/sampling_kernels.py
 
 - every matmul of a decode step as F.linear runs it (oneDNN reorders the weight on each call) and on a weight
-  packed once (engine.llama.pack, what inductor's freezing and IPEX do), at 1, 16 and 64 rows: GFLOP/s, and
+  packed once (engine.projections.pack, what inductor's freezing and IPEX do), at 1, 16 and 64 rows: GFLOP/s, and
   whether the results are bitwise equal;
 - one token drawn per row at temperature 0.7 from 64 rows of bf16 logits: the former draw (softmax and a
   cumulative sum over all words) and engine.sampler.sample_token (two levels, a kept buffer): ms a call.
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from cpu_grpo.engine.llama import linear_packed, pack
+from cpu_grpo.engine.projections import linear_packed, pack
 from cpu_grpo.engine.sampler import sample_token, sample_work
 
 SHAPES = {"q/k/v": (1152, 896), "o": (896, 896), "gate/up": (9728, 896), "down": (896, 4864), "lm_head": (151936, 896)}

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cpu_grpo.engine import llama
+from cpu_grpo.engine import llama, projections
 from cpu_grpo.engine.batching import group_logprobs
 from cpu_grpo.engine.sampler import Sampler, Sampling
 from cpu_grpo.engine.sampling import SAMPLE_BLOCK, sample_token, sample_work
@@ -250,16 +250,16 @@ def test_full_fine_tuning_copy_shares_nothing(model):
 
 
 def test_packed_projection_equals_linear():
-    """A weight packed for oneDNN (llama.pack) gives F.linear's result bit for bit, at any number of rows; where
+    """A weight packed for oneDNN (projections.pack) gives F.linear's result bit for bit, at any number of rows; where
     oneDNN does not run, pack says so (None) and sampling keeps F.linear."""
     w, b = torch.randn(96, 40).bfloat16(), torch.randn(96).bfloat16()
-    packed = llama.pack(w)
+    packed = projections.pack(w)
     if packed is None:
         pytest.skip("no oneDNN bf16 linear on this build or machine")
     for rows in (1, 7, 64):
         x = torch.randn(rows, 40).bfloat16()
-        assert torch.equal(llama.Proj(w, b, packed=packed)(x), torch.nn.functional.linear(x, w, b))
-    assert llama.pack(w.float()) is None  # fp32 sampling keeps F.linear
+        assert torch.equal(projections.Proj(w, b, packed=packed)(x), torch.nn.functional.linear(x, w, b))
+    assert projections.pack(w.float()) is None  # fp32 sampling keeps F.linear
 
 
 def test_sampler_release_drops_packed_weights_and_samples_again(model):
@@ -340,3 +340,36 @@ def test_a_conversation_goes_on_in_each_rows_cache_as_sampling_it_again_would(mo
     again, again_turns = run(lambda c: in_rounds(once, PROMPTS, 2, 30, sampling.stops, c))
     assert fast == again and fast_turns == again_turns
     assert len(fast_turns) > 6 and fast[1][:2] == [21, 22] and fast[4][0] == 23  # rows went on; openings first
+
+
+def test_an_int8_projection_is_within_int8_rounding_of_bf16():
+    """Weights per output channel and each row of x in int8 (oneDNN's u8 x s8 matmul): within ~1% of exact."""
+    from cpu_grpo.engine.projections import Proj, quantize
+
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=gen).bfloat16(), torch.randn(96, generator=gen)
+    x = torch.randn(5, 64, generator=gen).bfloat16() * torch.tensor([[0.01], [1], [10], [100], [1]]).bfloat16()
+    q = quantize(w)
+    if q is None:
+        pytest.skip("oneDNN's int8 matmul is not on offer here")
+    exact = x.float() @ w.float().t() + b
+    y = Proj(w, b, int8=q)(x).float()
+    assert y.dtype == torch.float32 and y.shape == exact.shape
+    assert ((y - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.02  # each row: its own scale
+
+
+def test_an_int8_sampler_quantizes_a_frozen_base_once(tiny_qwen):
+    """LoRA on a bf16 base sampled in int8: the base's int8 weights are made once, not at every refresh."""
+    from peft import LoraConfig, get_peft_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen, dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"), autocast_adapter_dtype=True)
+    sampler = Sampler(model, int8=True)
+    if not sampler.quantized or next(iter(sampler.quantized.values())) is None:
+        pytest.skip("oneDNN's int8 matmul is not on offer here")
+    made = dict(sampler.quantized)
+    sampler.refresh()
+    assert sampler.quantized == made and sampler.projs[0].qkv.int8 is made[id(sampler.fused[0][0])]
+    eos = model.config.eos_token_id
+    out = sampler.generate(PROMPTS, 2, Sampling(8, (eos,), model.config.pad_token_id, temperature=0))
+    assert len(out) == 6 and all(out)

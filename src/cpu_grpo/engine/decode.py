@@ -1,6 +1,6 @@
 """One sampled token for every live row of a rollout (sampler.py): each prompt's keys and values kept once in a
 PrefixCache and shared by the G rows of its group (shared-prefix attention), with the fused q/k/v and gate/up
-projections of llama.sampling_projections. The prefill that fills the cache is llama.cached_forward."""
+projections of projections.sampling_projections. The prefill that fills the cache is llama.cached_forward."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .arch import activation, apply_rope, arch_of, layer_norms, post_norm, rms, rms_one, rotary_tables
-from .llama import LayerProjs
+from .projections import LayerProjs
 
 
 class PrefixCache:

@@ -31,16 +31,8 @@ from torch import Tensor
 from ..errors import UserError
 from .conversation import Conversation, Turns, in_rounds
 from .decode import PrefixCache, decode_step
-from .llama import (
-    Proj,
-    cached_forward,
-    fuse_projections,
-    fused_names,
-    pack,
-    plain_layer,
-    sampling_projections,
-    supports,
-)
+from .llama import cached_forward, supports
+from .projections import Proj, fuse_projections, fused_names, pack, plain_layer, sampling_projections
 from .sampling import penalised, sample_token, sample_work, seen_words
 
 
@@ -75,10 +67,13 @@ class Sampler:
     (no copy at all: 1.26 GB less for a 0.5B model). `copy=True` always makes a copy (a frozen reference, or LoRA
     merged into it: `lora_rollout: merged`, faster to sample from)."""
 
-    def __init__(self, model, dtype: torch.dtype = torch.bfloat16, fast: bool = True, copy: bool = False):
+    def __init__(self, model, dtype: torch.dtype = torch.bfloat16, fast: bool = True, copy: bool = False,
+                 int8: bool = False):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.policy = model
         self.dtype = dtype
+        self.int8 = int8  # the layers' matmuls in int8 (projections.quantize); the output layer stays in `dtype`
+        self.quantized: dict = {}  # a frozen base's int8 weights, made once
         self.unmerged = not copy and fast and supports(base) and _unmerged_lora(model, dtype)
         self.fused_names: set[str] = set()  # the copy's weights that are views into fused buffers
         if self.unmerged:
@@ -97,7 +92,7 @@ class Sampler:
 
     def release(self) -> None:
         """Free what only sampling uses until the next refresh() (which the training loop calls after each update):
-        the weights packed for oneDNN (llama.pack: a bf16 copy of every matmul weight, repacked in ~0.3 s for the
+        the weights packed for oneDNN (projections.pack: a bf16 copy of every matmul weight, repacked in ~0.3 s for the
         0.5B Qwen) and the copy's weights (270 MB for SmolLM2-135M; sampling unmerged there is no copy). The
         update does not use them, and its activations can have the memory."""
         self.projs = self.head = None
@@ -117,7 +112,8 @@ class Sampler:
         output layer, 545 MB less. Weights inside a fused q/k/v or gate/up buffer are always copied.
         """
         if self.unmerged:  # only the adapters, cast and stacked for sampling
-            self.projs = sampling_projections(self.net, self.fused, functools.partial(_lora_term, dtype=self.dtype))
+            self.projs = sampling_projections(self.net, self.fused, functools.partial(_lora_term, dtype=self.dtype),
+                                              self.quantized if self.int8 else None)
             self.head = _output_layer(self.net)
             return
         deltas = _lora_deltas(self.policy)
@@ -142,8 +138,8 @@ class Sampler:
                 mine[name].data = p.data
             elif name in mine:
                 mine[name].copy_(p + deltas[name]() if name in deltas else p)
-        if self.fast:
-            self.projs = sampling_projections(self.net, self.fused)
+        if self.fast:  # a copy's weights changed: quantized again
+            self.projs = sampling_projections(self.net, self.fused, int8={} if self.int8 else None)
             self.head = _output_layer(self.net)
 
     @torch.no_grad()
@@ -172,7 +168,7 @@ class Sampler:
 
 
 def _output_layer(net):
-    """The output layer as sampling runs it: packed for oneDNN where it runs (llama.pack), else as it is."""
+    """The output layer as sampling runs it: packed for oneDNN where it runs (projections.pack), else as it is."""
     head = net.lm_head
     packed = pack(head.weight) if isinstance(head, torch.nn.Linear) else None  # not under a LoRA wrapper
     return head if packed is None else Proj(head.weight, head.bias, packed=packed)

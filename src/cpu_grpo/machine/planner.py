@@ -243,7 +243,7 @@ def peak_gb(cfg: TrainConfig, shapes: Shapes, completion_len: int, prompt_len: i
     sampling = kv_token * (rows * completion_len + cfg.prompts_per_step * prompt_len) + prefill(cfg.prompts_per_step)
     for limit, _, n in eval_batches(cfg):
         sampling = max(sampling, kv_token * n * (prompt_len + limit) + prefill(n) + 4 * shapes.vocab * n)
-    if not fp32:  # bf16 sampling multiplies by a oneDNN-packed copy of every matmul weight (llama.pack)
+    if not fp32:  # bf16 sampling multiplies by a oneDNN-packed copy of every matmul weight (projections.pack)
         sampling += 2 * shapes.matmul_params
     micro = min(rows, cfg.micro_batch_size or micro_rows(c, prompt_len, completion_len, cfg.num_generations,
                                                          width=b))
