@@ -166,6 +166,9 @@ class TrainConfig:
     lora_rollout: str = _f("unmerged", "how a LoRA run samples: unmerged (the adapters applied beside the frozen bf16 "
                                        "base: no copy) | merged (from a bf16 copy with the adapters merged after "
                                        "each update: faster rollouts, a copy of the adapted weights more memory)")
+    rollout_quantization: str = _f("none", "none | int8: the layers' matmuls of rollouts in int8 (weights per "
+                                           "channel, each token's own scale; oneDNN's u8 x s8 kernel, VNNI), the "
+                                           "output layer and the update as before (issue 70: being measured)")
     # -- run
     seed: int = _f(0, "seed for data order, sampling and initialisation")
     output_dir: str = _f("", "where the run goes (default: runs/<run_name>)")
@@ -230,6 +233,7 @@ class TrainConfig:
             (self.lr_scheduler in SCHEDULES, "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
             (self.lora_rollout in ("unmerged", "merged"), "lora_rollout must be unmerged or merged"),
+            (self.rollout_quantization in ("none", "int8"), "rollout_quantization must be none or int8"),
             (0 <= self.lora_dropout < 1 and self.lora_target_modules.strip(", "),
              "lora_dropout must be in [0, 1) and lora_target_modules name at least one module (or all-linear)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),

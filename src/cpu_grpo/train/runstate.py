@@ -198,7 +198,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
         world.same_params(model)
     opt = make_optimizer(cfg, model)
     sampler = Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32,
-                      copy=cfg.use_lora and cfg.lora_rollout == "merged")
+                      copy=cfg.use_lora and cfg.lora_rollout == "merged", int8=cfg.rollout_quantization == "int8")
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
     run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world, commit=commit,
               tools=offered_tools(cfg.tools, cfg.model, tok),
