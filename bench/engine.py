@@ -17,6 +17,7 @@ reported as a fraction of its limit (issue 13), the time it would take at the ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -136,7 +137,8 @@ def bench_default(machine: Machine, cells: list[str], reps: int, setup: str = ""
     them, the first repetition a warm-up. `setup`: config fields changed (`k=v,k=v`), e.g. `lora_rollout=merged`
     to sample from a bf16 copy with the adapters merged (refreshed after each update) instead of unmerged, and
     `prompt_once=false`: a group trained in parts runs its prompt again in each part (the engine before
-    2026-11-28 late: batching.SharedPrompts off)."""
+    2026-11-28 late: batching.SharedPrompts off), `rollout_quantization=int8`: rollouts in int8, the update corrected
+    for them. The sampler keeps its log-probs in every setup (the int8 runs need them; the others pay alike)."""
     from unittest import mock
 
     from cpu_grpo.engine.batching import SharedPrompts
@@ -167,12 +169,17 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
             prompts = encode_prompts(run.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
             gen = torch.Generator().manual_seed(r)
             t = time.perf_counter()
-            comps = run.sampler.generate(prompts, g, run.sampling(new), gen)
+            comps, logps = run.sampler.generate(prompts, g, dataclasses.replace(run.sampling(new), logprobs=True), gen)
             t_roll = time.perf_counter() - t
-            rollout = Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps))
+            corrected = run.sampler.int8 and cfg.vllm_importance_sampling_correction  # as a run: rollout.sample
+            rollout = Rollout(batch, prompts, comps, [""] * len(comps), [False] * len(comps),
+                              sampler_logps=logps if corrected else None)
             adv = torch.randn(len(comps), generator=gen)
             t = time.perf_counter()
-            upd = update.update(run, ref, rollout, adv, new, cfg.learning_rate)
+            batch = update.prepare(run, ref, rollout, adv, new)  # as grpo_step: prepare, backward, step
+            update.backward(run, batch)
+            run.opt.step()
+            run.sampler.refresh()
             t_train = time.perf_counter() - t
             if r:
                 lim_roll, lim_train = limits(shapes, machine, prompts, comps, lora=cfg.use_lora)
@@ -180,7 +187,7 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
                 roll.append(n_comp / t_roll)
                 train.append((sum(len(p) * g for p in prompts) + n_comp) / t_train)
                 frac.append((lim_roll / t_roll, lim_train / t_train, (lim_roll + lim_train) / (t_roll + t_train)))
-                mbs.append(upd.micro_batch)
+                mbs.append(batch.mb)
         out.append({"setup": setup or "as-is", "cell": cell, "rollout_tok_s": statistics.median(roll),
                     "train_tok_s": statistics.median(train), "micro_batch": mbs[-1], "dtype": str(run.sampler.dtype),
                     "peak_mb": _status_mb("VmHWM"), "start_mb": start_mb,

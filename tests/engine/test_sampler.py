@@ -373,3 +373,20 @@ def test_an_int8_sampler_quantizes_a_frozen_base_once(tiny_qwen):
     eos = model.config.eos_token_id
     out = sampler.generate(PROMPTS, 2, Sampling(8, (eos,), model.config.pad_token_id, temperature=0))
     assert len(out) == 6 and all(out)
+
+
+def test_the_samplers_logprobs_are_the_trainers_at_the_temperature(model):
+    """With `logprobs`, each sampled token's log-prob under the sampler (fp32 here) equals the training pass's
+    log-prob of the same completion at the same temperature."""
+    import dataclasses
+
+    eos = model.config.eos_token_id
+    sampling = Sampling(12, (eos,), model.config.pad_token_id, temperature=0.7, logprobs=True)
+    comps, lps = Sampler(model, dtype=torch.float32).generate(PROMPTS, 2, sampling, torch.Generator().manual_seed(0))
+    assert [len(c) for c in comps] == [len(x) for x in lps]
+    trained, mask = group_logprobs(model, PROMPTS, comps, [0, 1, 2], 2, model.config.pad_token_id, 0.7, False)
+    for i, row in enumerate(lps):
+        assert torch.allclose(torch.tensor(row), trained[i, :len(row)].detach(), atol=1e-4)
+    plain = Sampler(model, dtype=torch.float32).generate(PROMPTS, 2, dataclasses.replace(sampling, logprobs=False),
+                                                        torch.Generator().manual_seed(0))
+    assert plain == comps  # keeping them changes nothing sampled

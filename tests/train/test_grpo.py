@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cpu_grpo.engine.logprobs import token_logprobs
-from cpu_grpo.train.grpo import group_advantages, grpo_loss, max_variance
+from cpu_grpo.train.grpo import group_advantages, grpo_loss, max_variance, sampler_correction
 
 ATOL = 1e-6
 LN2 = math.log(2.0)
@@ -387,3 +387,27 @@ def test_token_logprobs_gradients_match_autograd(keep_bytes, temperature):
         grads.append((h.grad, w.grad))
     close(grads[0][0], grads[1][0], atol=1e-6)
     close(grads[0][1], grads[1][1], atol=1e-6)
+
+
+def test_the_sampler_correction_weighs_tokens_or_completions_as_trl_does():
+    """TRL's four modes on one batch: per token the ratio trainer / sampler, per completion its product; truncated
+    to the clip or zeroed outside it; a token the sampler did not draw (NaN) weighs 1; no sampler mismatch weighs 1
+    and leaves the loss as it was."""
+    old = torch.tensor([[-1.0, -1.0, -2.0], [-0.5, -0.5, 0.0]])
+    sampler = torch.tensor([[-1.0, -3.0, float("nan")], [-0.5, -0.4, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    e2, e01 = math.exp(2), math.exp(-0.1)
+    w, st = sampler_correction(old, sampler, mask, "token_truncate", 0.0, 3.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 3.0, 1.0], [1.0, e01, 1.0]]))
+    assert st["is_far_sum"] == 1 and st["is_clipped_sum"] == 1 and st["is_kl_sum"] == pytest.approx(-2 + 0.1)
+    w, _ = sampler_correction(old, sampler, mask, "token_mask", 0.0, 3.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 0.0, 1.0], [1.0, e01, 1.0]]))
+    w, st = sampler_correction(old, sampler, mask, "sequence_mask", 0.0, 3.0)
+    assert torch.allclose(w, torch.tensor([[0.0], [e01]])) and st["is_clipped_sum"] == 1  # e^2 > 3: masked
+    w, _ = sampler_correction(old, sampler, mask, "sequence_truncate", 0.5, 0.0)
+    assert torch.allclose(w, torch.tensor([[e2], [max(e01, 0.5)]]))  # an upper bound of 0 is none
+    logp = old.clone().requires_grad_()
+    adv, norm = torch.tensor([1.0, -1.0]), {"num_seqs": 2, "num_tokens": 5, "max_new_tokens": 3}
+    same, _ = sampler_correction(old, old, mask, "token_mask", 0.0, 3.0)
+    assert torch.equal(grpo_loss(logp, old, None, adv, mask, norm, sampler_weight=same)[0],
+                       grpo_loss(logp, old, None, adv, mask, norm)[0])

@@ -756,3 +756,22 @@ def test_resume_names_a_checkpoint_without_trainer_state_and_never_restarts_sile
             "resumed from (see the warnings above): repair one or restore it from a backup, or start a new run with "
             "another --output-dir.") in err and "Traceback" not in err
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]  # nothing run again from step 0
+
+
+@pytest.mark.slow
+def test_int8_rollouts_log_their_mismatch_and_train(tiny_model, tmp_path, reward_file):
+    """Rollouts from an int8 copy of the policy (rollout_quantization int8): each step trains, corrected by the
+    trainer's over the sampler's probabilities, and logs how far the two are apart."""
+    from cpu_grpo.engine.projections import quantize
+
+    if quantize(torch.ones(8, 8, dtype=torch.bfloat16)) is None:
+        pytest.skip("oneDNN's int8 matmul is not on offer here")
+    out = tmp_path / "run"
+    train(tiny_cfg(tiny_model, out, reward_file, steps=2, eval_size=0, rollout_quantization="int8"),
+          log=lambda *a: None)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert len(metrics) == 2 and all(m["grad_norm"] > 0 for m in metrics)
+    assert all(abs(m["sampler_kl"]) < 0.5 and 0 <= m["sampler_far_frac"] <= 1 and 0 <= m["sampler_corrected_frac"]
+               <= 1 for m in metrics)
+    with pytest.raises(ConfigError, match="does not take tools"):
+        tiny_cfg(tiny_model, out, reward_file, rollout_quantization="int8", tools=["calculator"])

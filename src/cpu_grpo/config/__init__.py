@@ -17,9 +17,20 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..profiles import PROFILES
-from .files import load_file
+from .files import coerce, load_file
 from .stages import SCHEDULES, STAGE_SETTINGS, parse_stage, plan, under_your_fields
 from .trl import BATCH, RENAMED, from_trl
+
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL's
+
+
+def _sampler_checks(c) -> list[tuple[bool, str]]:
+    return [(c.lora_rollout in ("unmerged", "merged"), "lora_rollout must be unmerged or merged"),
+            (c.rollout_quantization in ("none", "int8"), "rollout_quantization must be none or int8"),
+            (c.rollout_quantization == "none" or not (c.tools or c.environment),
+             "rollout_quantization int8 does not take tools or environments yet: leave it none for them"),
+            (c.vllm_importance_sampling_mode in IS_MODES,
+             f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}")]
 
 
 def _f(default, help: str, **kw):
@@ -128,6 +139,14 @@ class TrainConfig:
     importance_sampling_level: str = _f("token", "the ratio that is clipped: token (PPO, GRPO) | sequence (GSPO, "
                                                  "Zheng et al. 2025: the geometric mean of a completion's token "
                                                  "ratios, one for the whole completion; use with loss_type grpo)")
+    vllm_importance_sampling_correction: bool = _f(True, "(TRL's name) where rollouts come from other weights than "
+                                                         "the trainer's (rollout_quantization int8), weigh each "
+                                                         "token's loss by the trainer's over the sampler's probability")
+    vllm_importance_sampling_mode: str = _f("sequence_mask", "token_truncate | token_mask | sequence_truncate | "
+                                                             "sequence_mask (TRL's): the ratio per token or per "
+                                                             "completion, clipped to [clip_min, clip_max] or 0 outside")
+    vllm_importance_sampling_clip_min: float = _f(0.0, "the ratio's lower bound (0: none, TRL's None)")
+    vllm_importance_sampling_clip_max: float = _f(3.0, "the ratio's upper bound (0: none, TRL's None)")
     mask_truncated_completions: bool = _f(False, "leave completions cut at max_new_tokens out of the loss (DAPO; "
                                                  "their rewards still count in their group's advantages)")
     top_entropy_quantile: float = _f(1.0, "train only on the tokens whose entropy is in this top fraction of a "
@@ -232,8 +251,7 @@ class TrainConfig:
             (self.ddp_timeout >= 1, "ddp_timeout must be >= 1 second"),
             (self.lr_scheduler in SCHEDULES, "lr_scheduler must be constant, linear or cosine"),
             (self.micro_batch_size >= 0, "micro_batch_size must be >= 0 (0: automatic)"),
-            (self.lora_rollout in ("unmerged", "merged"), "lora_rollout must be unmerged or merged"),
-            (self.rollout_quantization in ("none", "int8"), "rollout_quantization must be none or int8"),
+            *_sampler_checks(self),
             (0 <= self.lora_dropout < 1 and self.lora_target_modules.strip(", "),
              "lora_dropout must be in [0, 1) and lora_target_modules name at least one module (or all-linear)"),
             (self.eval_size >= 0 and self.train_size >= 1, "eval_size must be >= 0 and train_size >= 1"),
@@ -338,34 +356,6 @@ def resolve(profile: str | None, file: str | None, overrides: dict, resume: bool
     cfg = build(None, None, {**old, **mine})
     changed = [f"{k}: {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in mine if old.get(k) != getattr(cfg, k)]
     return cfg, f"resuming with the run's config {saved}" + (f"; changed here: {', '.join(changed)}" if changed else "")
-
-
-def coerce(f: dataclasses.Field, value):
-    """Turn a CLI string or YAML value into the field's type, with a clear error."""
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if value is None:
-        raise ConfigError(f"{f.name} has no value: give one, or remove the key to use the default.")
-    if kind in ("int", "float") and isinstance(value, bool) or kind == "int" and isinstance(value, float):
-        raise ConfigError(f"{f.name}: cannot read {value!r} as {kind}.")
-    try:
-        if kind.startswith("list"):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            if f.name == "stages":  # names, name:steps, or YAML mappings (checked by parse_stage)
-                return [x.strip() if isinstance(x, str) else x for x in items if not isinstance(x, str) or x.strip()]
-            inner = float if "float" in kind else str
-            return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
-        if kind == "bool" or f.name == "bf16":  # bf16: a bool, as in HF's TrainingArguments, or auto (axolotl's)
-            truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-            if f.name == "bf16" and str(value).lower() == "auto":
-                return "auto"
-            if isinstance(value, bool) or str(value).lower() in truthy + falsy:
-                on = value if isinstance(value, bool) else str(value).lower() in truthy
-                return on if kind == "bool" else str(on).lower()
-            raise ValueError(value)
-        return {"int": int, "float": float, "str": str}[kind](value)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{f.name}: cannot read {value!r} as {'auto, true or false' if f.name == 'bf16' else kind}."
-                          ) from None
 
 
 def save(cfg: TrainConfig, path: str | Path) -> None:

@@ -1,8 +1,10 @@
 """Config files: YAML (safe, a key set twice refused, size and alias bombs refused) or JSON, read into a dict of
-field overrides. This module must not import torch."""
+field overrides, and a value of either (or of a --flag) read as its field's type (`coerce`). This module must
+not import torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -81,3 +83,31 @@ def load_file(path: str | Path) -> dict:
     if not isinstance(data, dict | None):  # an empty file is no overrides
         raise ConfigError(f"{path}: expected a mapping of field: value at the top level.")
     return data or {}
+
+
+def coerce(f: dataclasses.Field, value):
+    """Turn a CLI string or YAML value into the field's type, with a clear error."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if value is None:
+        raise ConfigError(f"{f.name} has no value: give one, or remove the key to use the default.")
+    if kind in ("int", "float") and isinstance(value, bool) or kind == "int" and isinstance(value, float):
+        raise ConfigError(f"{f.name}: cannot read {value!r} as {kind}.")
+    try:
+        if kind.startswith("list"):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            if f.name == "stages":  # names, name:steps, or YAML mappings (checked by parse_stage)
+                return [x.strip() if isinstance(x, str) else x for x in items if not isinstance(x, str) or x.strip()]
+            inner = float if "float" in kind else str
+            return [inner(x.strip() if isinstance(x, str) else x) for x in items if str(x).strip()]
+        if kind == "bool" or f.name == "bf16":  # bf16: a bool, as in HF's TrainingArguments, or auto (axolotl's)
+            truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+            if f.name == "bf16" and str(value).lower() == "auto":
+                return "auto"
+            if isinstance(value, bool) or str(value).lower() in truthy + falsy:
+                on = value if isinstance(value, bool) else str(value).lower() in truthy
+                return on if kind == "bool" else str(on).lower()
+            raise ValueError(value)
+        return {"int": int, "float": float, "str": str}[kind](value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{f.name}: cannot read {value!r} as {'auto, true or false' if f.name == 'bf16' else kind}."
+                          ) from None

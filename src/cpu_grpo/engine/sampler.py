@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ class Sampling:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)  # (token, of at most) a step
+    logprobs: bool = False  # generate also returns each token's log-prob under the sampler (at the temperature)
 
 
 def _plain_name(name: str) -> str:
@@ -146,7 +148,10 @@ class Sampler:
     def generate(self, prompts: list[list[int]], num_generations: int, sampling: Sampling,
                  generator: torch.Generator | None = None, conversation: Conversation | None = None) -> list[list[int]]:
         """Return B*G completions (token ids, a stop token included when reached), group-major: row i*G+j; with a
-        `conversation`, each row's whole conversation after its prompt, within `sampling.max_new_tokens`."""
+        `conversation`, each row's whole conversation after its prompt, within `sampling.max_new_tokens`. With
+        `sampling.logprobs` (the fast path only), (completions, log-probs): each token's log-prob under this
+        sampler's weights at the temperature, without top-k/p or penalty (what the trainer computes; NaN for a
+        token given by the conversation), for the update's importance sampling correction."""
         if not prompts:
             return []
         context = getattr(self.net.config, "max_position_embeddings", None)
@@ -157,6 +162,9 @@ class Sampler:
         if self.released is not None or (self.fast and self.projs is None):
             self.refresh()
         if not self.fast:
+            if sampling.logprobs:
+                raise ValueError("the sampler's log-probs are kept on its fast path only")
+
             def once(ps, k, limit):
                 return _hf_generate(self.net, ps, k, dataclasses.replace(sampling, max_new_tokens=limit), generator)
 
@@ -302,16 +310,21 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
     work = sample_work(b * g, logits.shape[-1]) if s.temperature > 0 else None  # greedy draws need none
     seen = seen_words(prompts, g, logits.shape[-1]) if s.repetition_penalty != 1.0 else None
     turns = Turns(conversation) if conversation is not None else None
+    lps: list[list[float]] | None = [[] for _ in range(b * g)] if s.logprobs else None
     for step in range(max_new_tokens):
+        raw = logits
         if seen is not None:
             logits = penalised(logits, seen, s.repetition_penalty)
         tok = sample_token(logits, s.temperature, s.top_k, s.top_p, generator, work, s.min_p)
         given = turns.give(cache.rows, tok) if turns is not None else None
+        lp = _token_logprobs(raw, tok, s.temperature, given).tolist() if lps is not None else None
         if seen is not None:
             seen[torch.arange(len(tok)), tok] = True
-        for r, t, d in zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True):
+        for i, (r, t, d) in enumerate(zip(cache.rows.tolist(), tok.tolist(), done.tolist(), strict=True)):
             if not d:
                 out[r].append(t)
+                if lps is not None:
+                    lps[r].append(lp[i])
         ended = torch.isin(tok, eos)
         done = done | (ended if turns is None else turns.ended(cache.rows, ended & ~given & ~done, out))
         if s.progress is not None:
@@ -328,7 +341,14 @@ def _fast_generate(net, projs, head, prompts, num_generations: int, sampling: Sa
         last = decode_step(net, projs, cache, tok, next_pos, step)
         next_pos = next_pos + 1
         logits = head(last)
-    return out
+    return out if lps is None else (out, lps)
+
+
+def _token_logprobs(logits: Tensor, tok: Tensor, temperature: float, given: Tensor | None) -> Tensor:
+    """log softmax(logits / T) at each row's token (n,), fp32; NaN where the token was given, not sampled."""
+    z = logits.float() / (temperature if temperature > 0 else 1.0)
+    lp = z.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
+    return lp if given is None else lp.masked_fill(given, math.nan)
 
 
 # ---------------------------------------------------------------------------------------------------------

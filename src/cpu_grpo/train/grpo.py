@@ -109,7 +109,8 @@ LOSS_TYPES = {"grpo": _agg_grpo, "dapo": _agg_dapo, "dr_grpo": _agg_dr_grpo}
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
               norm: dict, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
-              loss_type: str = "dapo", level: str = "token", trained: Tensor | None = None) -> tuple[Tensor, dict]:
+              loss_type: str = "dapo", level: str = "token", trained: Tensor | None = None,
+              sampler_weight: Tensor | None = None) -> tuple[Tensor, dict]:
     """Clipped-ratio policy loss (+ beta * k3 KL), aggregated by `loss_type`.
 
     logp, old_logp, ref_logp, mask: (n, T) for this micro-batch; advantages (n,).
@@ -117,6 +118,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     level "sequence" (GSPO, Zheng et al. 2025) clips one ratio per completion, exp of the mean of its tokens' log
     ratios, as TRL's importance_sampling_level="sequence". `trained` (n, T) keeps the policy term to those tokens
     (the high-entropy ones, `high_entropy`); the KL term and the normaliser keep every token, as in TRL.
+    `sampler_weight` ((n, T) or (n, 1), `sampler_correction`) weighs the policy term of rollouts drawn from other
+    weights than the trainer's, as TRL's importance_sampling_ratio.
     Returns the loss to backpropagate and sums for logging (divide by the batch's token count).
     """
     keep = mask.bool()
@@ -133,6 +136,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantage
     per_token = -torch.min(unclipped, clipped)
     if trained is not None:
         per_token = per_token * trained
+    if sampler_weight is not None:
+        per_token = per_token * sampler_weight
     stats = {"clip_frac_sum": (((unclipped > clipped).float()) * mask).sum().item()}
     if beta > 0:
         delta = torch.where(keep, ref_logp, 0.0) - logp
@@ -156,3 +161,30 @@ def high_entropy(entropies: Tensor, mask: Tensor, quantile: float) -> Tensor:
         return torch.zeros_like(entropies)
     threshold = torch.quantile(entropies[keep].float(), 1 - quantile)
     return ((entropies >= threshold) & keep).to(mask.dtype if mask.is_floating_point() else torch.float)
+
+
+def sampler_correction(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, mode: str, clip_min: float,
+                       clip_max: float) -> tuple[Tensor, dict]:
+    """The importance weight of rollouts sampled from other weights than the trainer's (an int8 copy), TRL's
+    `vllm_importance_sampling_mode`: the ratio trainer / sampler per token (token_*) or per completion (sequence_*:
+    the product over its tokens), clipped to [clip_min, clip_max] (*_truncate) or 0 outside it (*_mask); a bound
+    of 0 is none. NaN sampler log-probs (tokens the sampler did not draw) count as a ratio of 1. Returns the weight
+    ((n, T) or (n, 1), no gradient) and sums for logging: the mismatch (k1 KL sampler || trainer per token), the
+    tokens whose ratio leaves [1/3, 3], and the weights clipped or masked.
+
+    >>> w, st = sampler_correction(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.0, -3.0]]), torch.ones(1, 2),
+    ...                            "token_truncate", 0.0, 3.0)
+    >>> w.tolist(), st["is_far_sum"], st["is_clipped_sum"]
+    ([[1.0, 3.0]], 1.0, 1.0)
+    """
+    keep = mask.bool()
+    diff = torch.nan_to_num(torch.where(keep, old_logp - sampler_logp, 0.0), nan=0.0)
+    log_w = diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff
+    w = torch.exp(log_w)
+    low, high = (clip_min or 0.0), (clip_max or math.inf)
+    outside = (w < low) | (w > high)
+    w = w.clamp(low, high) if mode.endswith("truncate") else w.masked_fill(outside, 0.0)
+    counted = keep.expand_as(outside) if outside.shape == keep.shape else keep.any(-1, keepdim=True)
+    stats = {"is_kl_sum": float((-diff * keep).sum()), "is_far_sum": float(((diff.abs() > math.log(3)) & keep).sum()),
+             "is_clipped_sum": float((outside & counted).sum())}
+    return w.detach(), stats

@@ -31,6 +31,7 @@ class Rollout:
     truncated: list[bool]  # cut at the length limit before the model ended it
     turns: list[Turns] | None = None  # with tools: each row's messages, calls and which tokens the model wrote
     envs: list | None = None  # with environments: each row's instance, its episode played (rewards read it)
+    sampler_logps: list[list[float]] | None = None  # each token's log-prob under the sampler (int8: issue 70)
 
     @property
     def group_size(self) -> int:
@@ -43,12 +44,12 @@ class Rollout:
         rows = [i * g + j for n, i in enumerate(idx) for j in (samples[n] if samples else range(g))]
         return Rollout([self.batch[i] for i in idx], [self.prompts[i] for i in idx], _rows(self.completions, rows),
                        _rows(self.texts, rows), _rows(self.truncated, rows), _rows(self.turns, rows),
-                       _rows(self.envs, rows))
+                       _rows(self.envs, rows), _rows(self.sampler_logps, rows))
 
     def __add__(self, other: Rollout) -> Rollout:
         return Rollout(self.batch + other.batch, self.prompts + other.prompts, self.completions + other.completions,
                        self.texts + other.texts, self.truncated + other.truncated, _join(self.turns, other.turns),
-                       _join(self.envs, other.envs))
+                       _join(self.envs, other.envs), _join(self.sampler_logps, other.sampler_logps))
 
     def for_rewards(self) -> list:
         """The completions as reward functions get them (TRL's way): the text for a text prompt, the assistant
@@ -107,9 +108,10 @@ def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch
     else:
         prompts = encode_prompts(tok, chats)
         completions = sampler.generate(prompts, g, sampling, gen)
+    completions, logps = completions if sampling.logprobs else (completions, None)
     truncated = [len(c) >= limit and c[-1] not in stops for c in completions]
     return Rollout(batch, prompts, completions, tok.batch_decode(completions, skip_special_tokens=True), truncated,
-                   turns, envs)
+                   turns, envs, logps)
 
 
 def score(cfg: TrainConfig, reward_fns, rollout: Rollout, log=print, stop=None) -> Scored:

@@ -152,7 +152,8 @@ class Run:
         if greedy:
             return Sampling(max_new_tokens, self.stops, pad, temperature=0.0)
         return Sampling(max_new_tokens, self.stops, pad, c.temperature, c.top_k, c.top_p, c.min_p,
-                        c.repetition_penalty)
+                        c.repetition_penalty, logprobs=c.rollout_quantization != "none" and
+                        c.vllm_importance_sampling_correction)
 
 
 def open_run_dir(cfg: TrainConfig, profile: str, resume: bool) -> tuple[Path, Path | None, bool]:

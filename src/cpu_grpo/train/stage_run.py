@@ -146,7 +146,7 @@ def estimate_fisher(r: Run, p: Progress, s: StageRun) -> dict[str, torch.Tensor]
     batch = [s.data[s.order[(p.data_pos + i) % len(s.order)]] for i in range(n)][r.world.rank::r.world.size]
     prompts = encode_prompts(r.tok, [ex.chat(cfg.instruction, cfg.system_prompt) for ex in batch])
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * r.world.rank + FISHER_SEED * (s.index + 1))
-    sampling = dataclasses.replace(r.sampling(s.stage.max_new_tokens),
+    sampling = dataclasses.replace(r.sampling(s.stage.max_new_tokens), logprobs=False,
                                    progress=ProgressLines(r.log, "  Fisher: sampling"))
     completions = r.sampler.generate(prompts, 1, sampling, gen)
     tick = ProgressLines(r.log, "  Fisher: gradients", "sample", "samples/s")

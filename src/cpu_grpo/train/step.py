@@ -236,6 +236,10 @@ def _record(r: Run, p: Progress, s: Sampled, right: list[bool], adv_stats: dict,
         "sample_batches": s.batches, "groups": len(rollout.batch),
         **({"tool_calls": sum(t.calls for t in rollout.turns) / n, "tool_failures":
             sum(t.failed for t in rollout.turns) / n} if rollout.turns is not None else {}),
+        **({"sampler_kl": upd.sums["is_kl_sum"] / max(1, c_tokens), "sampler_far_frac": upd.sums["is_far_sum"] /
+            max(1, c_tokens), "sampler_corrected_frac": upd.sums["is_clipped_sum"] /
+            max(1, n if cfg.vllm_importance_sampling_mode.startswith("sequence") else c_tokens)}
+           if "is_kl_sum" in upd.sums else {}),
     }
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ..engine.batching import SharedPrompts, auto_micro_rows, group_logprobs, micro_batches
-from .grpo import grpo_loss, high_entropy
+from .grpo import grpo_loss, high_entropy, sampler_correction
 from .rollout import Rollout
 from .runstate import Progress, Run, TrainingError
 
@@ -77,8 +77,8 @@ def summed(r: Run, batch: Batch, passes: list[Update]) -> Update:
     """The update over its passes: loss sums averaged over num_iterations and summed over the ranks; the last
     pass's gradient norm."""
     sums = {k: sum(p.sums[k] for p in passes) / r.cfg.num_iterations for k in passes[0].sums}
-    summed_ = r.world.sum([sums["loss"], sums["clip_frac_sum"], sums["kl_sum"]])
-    sums |= dict(zip(("loss", "clip_frac_sum", "kl_sum"), summed_, strict=True))
+    ranks = [k for k in ("loss", "clip_frac_sum", "kl_sum", "is_kl_sum", "is_far_sum", "is_clipped_sum") if k in sums]
+    sums |= dict(zip(ranks, r.world.sum([sums[k] for k in ranks]), strict=True))
     return Update(sums, passes[-1].grad_norm, all(p.stepped for p in passes), batch.mb, batch.trained,
                   batch.micro_cap)
 
@@ -132,6 +132,7 @@ def _gradient(r: Run, batch: Batch) -> Update:
             "num_tokens": max(1, sum(n for n, out in zip(trained, masked, strict=True) if not out))}
     entropy = cfg.top_entropy_quantile < 1
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
+    corrected = rollout.sampler_logps is not None and cfg.vllm_importance_sampling_correction
     r.opt.zero_grad(set_to_none=True)
     shared = SharedPrompts(model, prompts, r.tok.pad_token_id, r.autocast, cfg.gradient_checkpointing) \
         if SharedPrompts.fit(model, mb, g) else None  # a group in parts: its prompt runs once
@@ -143,14 +144,17 @@ def _gradient(r: Run, batch: Batch) -> Update:
         mask = mask * kept[rows, None]
         if written is not None:
             mask = mask * written[rows, :mask.shape[1]]
-        loss, st = grpo_loss(logp, fixed.get((part, samples, "old"), logp.detach()),
-                             fixed.get((part, samples, "ref")), adv[rows], mask, norm,
+        old = fixed.get((part, samples, "old"), logp.detach())
+        weight, st_is = sampler_correction(old, _padded(rollout.sampler_logps, rows, logp.shape[1]), mask,
+                                           cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_min,
+                                           cfg.vllm_importance_sampling_clip_max) if corrected else (None, {})
+        loss, st = grpo_loss(logp, old, fixed.get((part, samples, "ref")), adv[rows], mask, norm,
                              cfg.epsilon, cfg.epsilon_high, cfg.beta, cfg.loss_type, cfg.importance_sampling_level,
-                             high_entropy(ent[0], mask, cfg.top_entropy_quantile) if entropy else None)
+                             high_entropy(ent[0], mask, cfg.top_entropy_quantile) if entropy else None, weight)
         loss.backward()
         sums["loss"] += loss.item()
-        for key, v in st.items():
-            sums[key] += v
+        for key, v in (st | st_is).items():
+            sums[key] = sums.get(key, 0.0) + v
     if shared:
         shared.close()
     if batch.trained:
@@ -189,6 +193,14 @@ def check_update(r: Run, p: Progress, upd: Update, log) -> int:
         log(f"warning: step {p.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
             "saturated by an earlier update; lower --learning-rate")
     return 0
+
+
+def _padded(rows_of: list[list[float]], rows: list[int], t: int) -> torch.Tensor:
+    """(len(rows), t) of the given rows' values, NaN past each row's end."""
+    out = torch.full((len(rows), t), float("nan"))
+    for i, r in enumerate(rows):
+        out[i, :len(rows_of[r])] = torch.tensor(rows_of[r][:t])
+    return out
 
 
 def _written(rollout: Rollout, lengths: list[int]) -> torch.Tensor | None:
