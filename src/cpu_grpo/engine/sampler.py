@@ -153,7 +153,7 @@ class Sampler:
         sampler's weights at the temperature, without top-k/p or penalty (what the trainer computes; NaN for a
         token given by the conversation), for the update's importance sampling correction."""
         if not prompts:
-            return []
+            return ([], []) if sampling.logprobs else []
         context = getattr(self.net.config, "max_position_embeddings", None)
         longest, limit = max(len(p) for p in prompts), sampling.max_new_tokens
         if context and longest + limit > context:

@@ -133,6 +133,8 @@ def _gradient(r: Run, batch: Batch) -> Update:
     entropy = cfg.top_entropy_quantile < 1
     sums = {"loss": 0.0, "clip_frac_sum": 0.0, "kl_sum": 0.0, "ewc_penalty": 0.0, "ewc_grad_norm": 0.0}
     corrected = rollout.sampler_logps is not None and cfg.vllm_importance_sampling_correction
+    if corrected:  # every rank has these sums, trained or not (summed() adds them over the ranks)
+        sums |= {"is_kl_sum": 0.0, "is_far_sum": 0.0, "is_clipped_sum": 0.0}
     r.opt.zero_grad(set_to_none=True)
     shared = SharedPrompts(model, prompts, r.tok.pad_token_id, r.autocast, cfg.gradient_checkpointing) \
         if SharedPrompts.fit(model, mb, g) else None  # a group in parts: its prompt runs once
