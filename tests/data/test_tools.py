@@ -91,3 +91,21 @@ def test_the_calculator_is_exact(expression, value):
 def test_the_calculator_runs_nothing_but_arithmetic(expression):
     with pytest.raises((ValueError, SyntaxError)):
         calculator(expression)
+
+
+def test_the_calculators_schema_tells_the_model_only_what_it_is():
+    described = schemas([calculator])[0]["function"]
+    assert described["parameters"]["properties"]["expression"]["description"] == \
+        'The expression, for example "(3 + 4) * 12 / 5".'
+    assert ">>>" not in str(described)
+
+
+def test_qwen_coders_fenced_json_calls_are_calls_and_other_fences_are_not():
+    text = ('Let me compute.\n```json\n{\n  "name": "calculator",\n  "arguments": {"expression": "16 - 3 - 4"},\n'
+            '  "return": "9"\n}\n```\n```json\n'
+            '{"name": "calculator", "parameters": "{\\"expression\\": \\"9 * 2\\"}"}\n```')
+    assert [call([calculator], c) for c in tool_calls(text)] == [("calculator", "9", False),
+                                                                   ("calculator", "18", False)]
+    assert tool_calls('```python\nprint({"a": 1})\n```\n```json\n{"answer": 18}\n```') == []
+    tagged = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    assert len(tool_calls(tagged + '\n```json\n{"name": "x", "arguments": {}}\n```')) == 1  # the tags win

@@ -32,14 +32,7 @@ def calculator(expression: str) -> str:
 
     Args:
         expression: The expression, for example "(3 + 4) * 12 / 5".
-
-    >>> calculator("(3 + 4) * 12 / 5"), calculator("2 ** 10 - 0.5"), calculator("1 / 3")
-    ('16.8', '1023.5', '1/3')
-    >>> calculator("__import__('os')")
-    Traceback (most recent call last):
-    ...
-    ValueError: only numbers, + - * / ** and parentheses are allowed
-    """
+    """  # no examples here: the schema's description would carry them to the model (tests/data/test_tools.py has them)
     value = _evaluate(ast.parse(expression.replace("^", "**").replace("×", "*").replace("÷", "/"), mode="eval").body)
     if value.denominator == 1:
         return str(value.numerator)
@@ -128,35 +121,51 @@ def schemas(tools: list[Callable]) -> list[dict]:
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.+?)\s*</tool_call>", re.S)
+_FENCED = re.compile(r"```(?:json)?\s*(\{.+?\})\s*```", re.S)
 _LLAMA = re.compile(r'^\s*(\{"name":\s*".+?",\s*"parameters":\s*.+\})\s*$', re.S)
 
 
 def tool_calls(text: str) -> list[dict]:
-    """The tool calls in a completion, in TRL's shape; a call whose JSON does not parse is kept with its text as
-    `{"type": "invalid", ...}` so that `call` counts it as a failure.
+    """The tool calls in a completion, in TRL's shape: Hermes' `<tool_call>` tags (Qwen2.5, Qwen3, SmolLM3), else
+    JSON objects with a "name" and "arguments" in code fences (what Qwen2.5-Coder writes when offered tools), else
+    a completion that is one Llama 3.x call. A tagged call whose JSON does not parse is kept with its text as
+    `{"type": "invalid", ...}` so that `call` counts it as a failure; a fence that holds no call is no call.
 
     >>> text = '<tool_call>\\n{"name": "calculator", "arguments": {"expression": "3*4"}}\\n</tool_call>'
     >>> tool_calls("Let me compute.\\n" + text)
     [{'type': 'function', 'function': {'name': 'calculator', 'arguments': {'expression': '3*4'}}}]
     >>> tool_calls('{"name": "calculator", "parameters": {"expression": "1+1"}}')[0]["function"]["arguments"]
     {'expression': '1+1'}
-    >>> tool_calls("The answer is 12."), tool_calls("<tool_call>{oops</tool_call>")[0]["type"]
-    ([], 'invalid')
+    >>> tool_calls('```json\\n{"name": "calculator", "arguments": {"expression": "2+2"}}\\n```')[0]["function"]["name"]
+    'calculator'
+    >>> tool_calls("The answer is 12."), tool_calls('```json\\n{"total": 12}\\n```')
+    ([], [])
+    >>> tool_calls("<tool_call>{oops</tool_call>")[0]["type"]
+    'invalid'
     """
-    found = _HERMES.findall(text)
+    found = _HERMES.findall(text) or [raw for raw in _FENCED.findall(text) if _names_a_call(raw)]
     if not found and (bare := _LLAMA.match(text)):
         found = [bare.group(1).replace('"parameters":', '"arguments":', 1)]
     calls = []
     for raw in found:
         try:
             data = json.loads(raw)
-            name, arguments = data["name"], data.get("arguments", {})
+            name, arguments = data["name"], data.get("arguments", data.get("parameters", {}))
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments  # OpenAI's JSON text
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 raise TypeError("name must be text and arguments an object")
             calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
         except (ValueError, KeyError, TypeError) as e:
             calls.append({"type": "invalid", "text": raw, "error": f"{type(e).__name__}: {e}"})
     return calls
+
+
+def _names_a_call(raw: str) -> bool:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "name" in data and ("arguments" in data or "parameters" in data)
 
 
 def call(tools: list[Callable], tool_call: dict) -> tuple[str, str, bool]:
