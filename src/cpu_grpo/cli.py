@@ -41,7 +41,11 @@ def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
 def cmd_train(args) -> int:
     if (getattr(args, "nproc", 1) > 1 or getattr(args, "nnodes", 1) > 1) and not launch.launched():
         return launch.torchrun(args)  # torchrun in this process, our arguments
+    from .engine.threads import wait_passively_when_busy
     from .machine import allocator
+
+    if not launch.launched():  # before torch loads; the ranks of a data-parallel run share the cores out instead
+        wait_passively_when_busy()
     from .train import distributed
     from .train.loop import train
 
@@ -64,6 +68,9 @@ def cmd_eval(args) -> int:
         print("cpu-grpo: --samples must be >= 0, sampling needs --temperature > 0, and --max-new-tokens >= 1.",
               file=sys.stderr)
         return 2
+    from .engine.threads import wait_passively_when_busy
+
+    wait_passively_when_busy()  # before torch loads
     import torch
 
     from .data.loaders import RowFormat

@@ -228,3 +228,36 @@ def test_a_run_beside_busy_work_takes_only_the_free_cores_and_says_so():
             p.kill()
             p.wait()
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_on_a_busy_machine_threads_wait_passively_one_per_core_unless_the_user_chose():
+    """Threads that sleep while they wait take the fair share of a busy machine with a thread per core
+    (bench/contention.py); chosen before torch loads, never over a policy the user set."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or 1
+    if cores < 2:
+        pytest.skip("one core: nothing to share")
+    probe = ("from cpu_grpo.engine.threads import set_threads, wait_passively_when_busy\n"
+             "passive = wait_passively_when_busy()\nimport os, torch\nsaid = []\n"
+             "print(passive, os.environ.get('OMP_WAIT_POLICY'), set_threads(log=said.append), said)")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(psutil.cpu_count())]
+    try:
+        import time
+
+        time.sleep(0.5)
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        chosen = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
+        assert chosen.startswith(f"True PASSIVE {cores} ") and "sleep while they wait" in chosen
+        kept = subprocess.run([sys.executable, "-c", probe], env=env | {"OMP_WAIT_POLICY": "ACTIVE"},
+                              capture_output=True, text=True).stdout
+        assert kept.startswith("False ACTIVE 1 ") and "a thread per free core" in kept
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
