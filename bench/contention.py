@@ -1,9 +1,9 @@
-"""A run beside other work: step time alone, then beside one and two competing jobs, with the threads chosen as
-before (one per core, `--threads 2` here) and as now (a thread per core other work leaves free), against the fair
-share (k other busy jobs on the cores: k + 1 times the time alone).
+"""A run beside other work: step time alone, then beside one and two competing jobs, with the threads chosen in
+each way (WAYS: spinning, one per core; a thread per free core; cpu-grpo's own choice; a passive wait, one per
+core), against the fair share (k other busy jobs on the cores: k + 1 times the time alone).
 
     .venv/bin/python bench/contention.py            # `--profile quick`, 3 steps, 48 tokens; each case a new process
-    .venv/bin/python bench/contention.py --jobs 2 --ways now passive    # OpenMP threads that sleep while waiting
+    .venv/bin/python bench/contention.py --jobs 0 1 2 --ways before free now     # every way, alone too
 
 A competing job is another 2-thread PyTorch process multiplying matrices without end (as another training would);
 started 3 s before the run, killed after it. Each case reports the median step time of steps 2-3 (step 1 warms up).
@@ -25,8 +25,12 @@ JOB = ("import torch\ntorch.set_num_threads(2)\na = torch.randn(768, 768)\n"
        "while True:\n    a = torch.tanh(a @ a)\n")
 
 
-WAYS = {"before": (2, {}), "now": (None, {}), "passive": (2, {"OMP_WAIT_POLICY": "PASSIVE"})}
-NAMES = {"before": "2, one per core (before)", "now": "a thread per free core (now)",
+# an empty OMP_WAIT_POLICY is OpenMP's default and keeps cpu-grpo from choosing the passive wait itself
+WAYS = {"before": (2, {"OMP_WAIT_POLICY": ""}), "free": (None, {"OMP_WAIT_POLICY": ""}), "now": (None, {}),
+        "passive": (2, {"OMP_WAIT_POLICY": "PASSIVE"})}
+NAMES = {"before": "2, one per core, spinning (before 2026-12-03)",
+         "free": "a thread per free core (2026-12-03)",
+         "now": "cpu-grpo's choice (now: waiting passively on a busy machine)",
          "passive": "2, waiting passively (OMP_WAIT_POLICY=PASSIVE)"}
 
 
@@ -59,7 +63,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="numbers of competing jobs")
-    ap.add_argument("--ways", nargs="+", default=["before", "now"], choices=list(WAYS), help="how threads are set")
+    ap.add_argument("--ways", nargs="+", default=["before", "free", "now"], choices=list(WAYS),
+                    help="how threads are set")
     args = ap.parse_args()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()[0]:.2f} at start", flush=True)
