@@ -1,6 +1,7 @@
 """How often the default model calls the calculator under a few system turns (results/agent-gsm8k/PLAN.md).
 
     flock runs/.cpu.lock .venv/bin/python experiments/tool_prompt_probe.py    # alone on the CPU
+    .venv/bin/python experiments/tool_prompt_probe.py "the call shown"     # some of them
 
 The default profile's model and sampler (Qwen2.5-Coder-0.5B-Instruct + LoRA, bf16, temperature 0.7) on 8 GSM8K
 *train* problems (the prompt is chosen without the test set), 4 samples each, 256 tokens for the whole
@@ -27,10 +28,15 @@ SYSTEM_TURNS = {  # system turn, instruction after the question
                                "final answer within \\boxed{}.", ""),
     "call first, then box": ("You are a math assistant with a calculator tool. First call the calculator with the "
                              "expression that answers the question, then give the final answer within \\boxed{}.", ""),
+    "the call shown": ("Solve the math problem. For each calculation call the calculator tool, exactly like this:\n"
+                       '```json\n{"name": "calculator", "arguments": {"expression": "48 / 2"}}\n```\n'
+                       "Then put your final answer within \\boxed{}.", ""),
 }
 
 
 def main() -> None:
+    import sys
+
     from cpu_grpo.train import runstate
 
     threads = set_threads()
@@ -41,6 +47,8 @@ def main() -> None:
     print(f"threads {threads}; {cfg.model}; 8 GSM8K train problems x {g} samples, {new} tokens, temperature "
           f"{cfg.temperature}\n")
     for name, (system, instruction) in SYSTEM_TURNS.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
         rows = [ex.chat(instruction, system) for ex in problems for _ in range(g)]
         sampling = run.sampling(new)
         _, turns = agent.sample_with_tools(run.tok, agent.generating(run.sampler, sampling,

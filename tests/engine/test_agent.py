@@ -67,7 +67,8 @@ def test_a_conversation_calls_a_tool_reads_its_result_and_answers(tiny_model):
     right, wrong = rows
     assert [m["role"] for m in right.messages] == ["assistant", "tool", "assistant"]
     assert right.messages[1]["content"] == "42" and right.calls == 1 and right.failed == 0
-    assert wrong.messages[1]["content"] == "{'error': 'Tool abacus not found.'}" and wrong.failed == 1
+    assert wrong.messages[1]["content"] == "{'error': 'Tool abacus not found. The tools are: calculator.'}"
+    assert wrong.failed == 1
     text = tok.decode(right.ids)
     assert text.startswith('<tool_call>{"name": "calculator"') and text.endswith("#### 42<|im_end|>")
     written = tok.decode([t for t, m in zip(right.ids, right.model_mask, strict=True) if m])

@@ -170,13 +170,13 @@ def _names_a_call(raw: str) -> bool:
 
 def call(tools: list[Callable], tool_call: dict) -> tuple[str, str, bool]:
     """Run one tool call: (the tool's name, its result as text, whether it failed). A failure (no such tool, bad
-    arguments, an exception, a call that did not parse) is answered as TRL answers it, `{"error": "..."}`, so that
-    the model reads why.
+    arguments, an exception, a call that did not parse) is answered as TRL answers it, `{"error": "..."}` (an unknown
+    name with the names there are: a small model invents names), so that the model reads why.
 
     >>> call([calculator], {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6*7"}}})
     ('calculator', '42', False)
     >>> call([calculator], {"type": "function", "function": {"name": "search", "arguments": {}}})
-    ('search', "{'error': 'Tool search not found.'}", True)
+    ('search', "{'error': 'Tool search not found. The tools are: calculator.'}", True)
     """
     if tool_call.get("type") != "function":
         return "unknown", str({"error": f"the tool call did not parse: {tool_call.get('error', '')}"}), True
@@ -184,7 +184,7 @@ def call(tools: list[Callable], tool_call: dict) -> tuple[str, str, bool]:
     by_name = {t.__name__: t for t in tools}
     try:
         if name not in by_name:
-            raise ValueError(f"Tool {name} not found.")
+            raise ValueError(f"Tool {name} not found. The tools are: {', '.join(by_name)}.")  # TRL's, and the way out
         return name, str(by_name[name](**arguments)), False
     except Exception as e:
         return name, str({"error": str(e)}), True
