@@ -29,7 +29,7 @@ SYSTEM_TURNS = {  # system turn, instruction after the question
     "call first, then box": ("You are a math assistant with a calculator tool. First call the calculator with the "
                              "expression that answers the question, then give the final answer within \\boxed{}.", ""),
     "the call shown": ("Solve the math problem. For each calculation call the calculator tool, exactly like this:\n"
-                       '```json\n{"name": "calculator", "arguments": {"expression": "48 / 2"}}\n```\n'
+                       '```json\n{"name": "calculator", "arguments": {"expression": "(3 + 4) * 12"}}\n```\n'
                        "Then put your final answer within \\boxed{}.", ""),
 }
 
