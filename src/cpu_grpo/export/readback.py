@@ -43,11 +43,17 @@ def rounding(req):
 
 def run(src: source.Source, req, out: Path, model, tok, template: str | None, log=print) -> dict:
     """The checks of this export: greedy identity for exact formats, paired held-out accuracy for quantized GGUF,
-    and the exported chat template's prompt against the run's (its tokens, for every format)."""
+    and the exported chat template's prompt against the run's (its tokens, for every format). An exact format's
+    checks round `model`'s weights in place, as the file stores them."""
     from ..engine.sampler import stop_ids
     from .gguf_arch import GGUFError, misread
 
     shape, checks = (src.instruction, src.system), {}
+    exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
+    if exact:  # the checkpoint's unrounded logits, then its weights rounded as the file holds them, in place (no
+        examples = source.held_out(src, GREEDY_PROMPTS)  # copy: an export's memory is the checkpoint's, once)
+        first = verify.next_logits(model, tok, [e.question for e in examples], shape)
+        verify.round_to(model, *rounding(req))
     if req.format == "gguf":
         gguf_file = next(out.glob("*.gguf"))
         if has_llama_cpp():  # llama.cpp itself, where `make test` (or the [llamacpp] extra) built it
@@ -66,13 +72,12 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     checks["template"] = {"kind": "template", "carries_instruction": bool(written_template and
                                                                           verify.prompt.MARK in written_template),
                           "passed": template is None or written_template == template}
-    exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
     if exact:
-        examples = source.held_out(src, GREEDY_PROMPTS)
         log(f"checking greedy completions of {len(examples)} held-out prompts against the checkpoint")
+        rounded_to = str(rounding(req)[0]).replace("torch.", "") if rounding(req)[0] else "none"
         checks["greedy"] = verify.greedy_check(model, tok, written, written_tok, [e.question for e in examples],
                                                shape, written_template, stop_ids(tok, model), req.greedy_tokens,
-                                               rounding(req))
+                                               first, rounded_to)
     else:
         examples = source.held_out(src, req.verify_n)
         limit = int(src.cfg.get("eval_max_new_tokens", 256))

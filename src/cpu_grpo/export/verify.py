@@ -53,14 +53,18 @@ def round_to(model, dtype: torch.dtype | None, matrices_only: bool = False) -> N
                 p.copy_(p.to(dtype).to(p.dtype))
 
 
+def next_logits(ref, ref_tok, questions: list[str], shape: tuple[str, str]) -> list[torch.Tensor]:
+    """The checkpoint's next-token logits after each prompt: taken before its weights are rounded (round_to)."""
+    return [_logits(ref, p)[-1].clone() for p in prompt_ids(ref_tok, questions, ref_tok.chat_template, *shape)]
+
+
 def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[str, str], out_template: str | None,
-                 stops: tuple[int, ...], max_new_tokens: int, rounding: tuple[torch.dtype | None, bool]) -> dict:
-    """Compare greedy completions and logits of the exported model with the checkpoint's (see the module);
-    `shape`: the run's (instruction, system prompt)."""
+                 stops: tuple[int, ...], max_new_tokens: int, first: list[torch.Tensor], rounded_to: str) -> dict:
+    """Compare greedy completions and logits of the exported model with the checkpoint's (see the module): `ref`
+    rounded as the file stores it (`rounded_to`: round_to's dtype, or "none"), `first` its unrounded next-token
+    logits (next_logits); `shape`: the run's (instruction, system prompt)."""
     ref_ids = prompt_ids(ref_tok, questions, ref_tok.chat_template, *shape)
     out_ids = prompt_ids(out_tok, questions, out_template, *shape)
-    first = [_logits(ref, p)[-1].clone() for p in ref_ids]  # the unrounded checkpoint's next-token logits
-    round_to(ref, *rounding)
     ref_done = _greedy(ref, ref_ids, ref_tok.pad_token_id, stops, max_new_tokens)
     out_done = _greedy(out, out_ids, ref_tok.pad_token_id, stops, max_new_tokens)
     diff = unrounded = 0.0
@@ -71,8 +75,8 @@ def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[
     same = [a == b for a, b in zip(ref_done, out_done, strict=True)]
     return {"kind": "greedy", "prompts": len(questions), "prompt_tokens_identical": ref_ids == out_ids,
             "identical": sum(same), "max_new_tokens": max_new_tokens, "max_logit_diff": diff,
-            "max_logit_diff_unrounded": unrounded, "rounded_to": str(rounding[0]).replace("torch.", "") if rounding[0]
-            else "none", "first_difference": next((i for i, s in enumerate(same) if not s), None),
+            "max_logit_diff_unrounded": unrounded, "rounded_to": rounded_to,
+            "first_difference": next((i for i, s in enumerate(same) if not s), None),
             "passed": ref_ids == out_ids and all(same)}
 
 
@@ -129,24 +133,21 @@ LLAMA_CPP_TOLERANCE = {"bf16": 0.05, "f16": 0.01, "q8_0": 0.2, "q4_k_m": 0.4, "q
 
 def llama_cpp_check(ref, ref_tok, gguf_file, questions: list[str], shape: tuple[str, str], quant: str) -> dict:
     """Read the GGUF with llama.cpp itself (llama-cpp-python) and compare, on held-out prompts asked as the run asked
-    them, its tokens with the checkpoint tokenizer's and its logits at every position with the checkpoint's; a file
-    llama.cpp cannot load fails, with llama.cpp's reason."""
+    them, its tokens with the checkpoint tokenizer's and its logits at every position with the checkpoint's (`ref`
+    rounded as a bf16 or f16 file stores it: round_to, matrices only); a file llama.cpp cannot load fails, with
+    llama.cpp's reason."""
     import llama_cpp
 
     check = {"kind": "llama.cpp", "prompts": len(questions), "quant": quant}
-    try:
-        llm = llama_cpp.Llama(model_path=str(gguf_file), n_ctx=1024, logits_all=True, verbose=False)
+    texts = [prompt.chat_prompt(ref_tok, q, ref_tok.chat_template, *shape) for q in questions]
+    longest = max(len(ref_tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    try:  # a context as long as the longest prompt: logits_all keeps (n_ctx, vocab) scores
+        llm = llama_cpp.Llama(model_path=str(gguf_file), n_ctx=min(1024, longest + 8), logits_all=True,
+                              verbose=False)
     except Exception as e:  # llama.cpp's loader says why in its log; the binding raises a plain ValueError
         return {**check, "passed": False, "error": f"llama.cpp cannot load the file ({str(e).splitlines()[0][:160]})"}
-    rounded = {"bf16": torch.bfloat16, "f16": torch.float16}.get(quant)
-    if rounded is not None:  # what the file holds, so that a difference is the writer's or the reader's
-        import copy
-
-        ref = copy.deepcopy(ref)
-        round_to(ref, rounded, matrices_only=True)
     worst, same_tokens, agree, total = 0.0, True, 0, 0
-    for q in questions:
-        text = prompt.chat_prompt(ref_tok, q, ref_tok.chat_template, *shape)
+    for text in texts:
         ids = ref_tok(text, add_special_tokens=False)["input_ids"][:1000]
         same_tokens &= llm.tokenize(text.encode(), add_bos=False, special=True)[:1000] == ids
         llm.reset()
