@@ -79,6 +79,8 @@ class LlamaCppSampler:
         import llama_cpp as L
 
         self.L = L
+        self.quiet = L.llama_log_callback(lambda level, text, data: None)  # kept: llama.cpp calls it
+        L.llama_log_set(self.quiet, ctypes.c_void_p(0))
         L.llama_backend_init()
         self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
         p = L.llama_context_default_params()
