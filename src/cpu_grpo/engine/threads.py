@@ -26,6 +26,12 @@ def busy_cores(seconds: float = 0.2) -> float:
 PASSIVE = "PASSIVE"
 
 
+def waits_passively() -> bool:
+    """Whether PyTorch's OpenMP threads sleep while they wait (OMP_WAIT_POLICY=PASSIVE, set by the user or by
+    wait_passively_when_busy)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() == PASSIVE
+
+
 def wait_passively_when_busy() -> bool:
     """Before torch loads (OpenMP reads its environment once): when other work keeps a core busy, let PyTorch's
     OpenMP threads sleep while they wait instead of spinning, so that a thread per core takes the fair share of a
@@ -35,7 +41,7 @@ def wait_passively_when_busy() -> bool:
 
     if "OMP_WAIT_POLICY" not in os.environ and "torch" not in sys.modules and busy_cores() >= 0.5:
         os.environ["OMP_WAIT_POLICY"] = PASSIVE
-    return os.environ.get("OMP_WAIT_POLICY", "").upper() == PASSIVE
+    return waits_passively()
 
 
 def set_threads(n: int | None = None, ranks_here: int = 1, log=None) -> int:
@@ -52,7 +58,7 @@ def set_threads(n: int | None = None, ranks_here: int = 1, log=None) -> int:
     cores = max(1, physical // max(1, ranks_here))
     if n is None and ranks_here == 1:
         taken = busy_cores() * physical / (psutil.cpu_count() or physical)  # in physical cores
-        passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == PASSIVE
+        passive = waits_passively()
         n = cores if passive else max(1, min(cores, round(cores - taken)))
         if passive and taken >= 0.5 and log is not None:
             log(f"note: other work keeps {taken:.1f} of {cores} cores busy: {n} thread{'s' if n > 1 else ''} that "

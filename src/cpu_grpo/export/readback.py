@@ -74,7 +74,8 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
                           "passed": template is None or written_template == template}
     if exact:
         log(f"checking greedy completions of {len(examples)} held-out prompts against the checkpoint")
-        rounded_to = str(rounding(req)[0]).replace("torch.", "") if rounding(req)[0] else "none"
+        dtype = rounding(req)[0]
+        rounded_to = str(dtype).replace("torch.", "") if dtype else "none"
         checks["greedy"] = verify.greedy_check(model, tok, written, written_tok, [e.question for e in examples],
                                                shape, written_template, stop_ids(tok, model), req.greedy_tokens,
                                                first, rounded_to)
