@@ -212,11 +212,11 @@ def main() -> None:
         bf16 = statistics.median(x["tokens"] / x["seconds"] for x in got["bf16"])
         for way, xs in got.items():
             rate = statistics.median(x["tokens"] / x["seconds"] for x in xs)
-            extra = [f"{statistics.median(x[k] for x in xs):.{d}f}" if k in xs[0] else "-"
-                     for k, d in (("refresh", 2),)]
-            kl = [f"{statistics.mean(x[k] for x in xs):.4f}" if k in xs[0] else "-" for k in ("kl", "far")]
-            print(f"| {cell} | {way} | {rate:.0f} | {rate / bf16:.2f}x | {extra[0]} | "
-                  f"{statistics.mean(x['tokens'] for x in xs) / (b * g):.0f} | {kl[0]} | {kl[1]} | "
+            llama = way == "llama.cpp"
+            refresh = f"{statistics.median(x['refresh'] for x in xs):.2f}" if llama else "-"
+            kl, far = (f"{statistics.mean(x[k] for x in xs):.4f}" if llama else "-" for k in ("kl", "far"))
+            print(f"| {cell} | {way} | {rate:.0f} | {rate / bf16:.2f}x | {refresh} | "
+                  f"{statistics.mean(x['tokens'] for x in xs) / (b * g):.0f} | {kl} | {far} | "
                   f"{statistics.median(x['seconds'] for x in xs):.1f} |", flush=True)
 
 
