@@ -57,7 +57,8 @@ def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
     examples, judge = source.held_out(src, n), source.judge(src, limit)
     model, tok = source.load(src, log)
     t0 = time.time()
-    ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log, judge=judge)
+    ref = verify.answers(verify.greedy(model, tok, limit), tok, tok.chat_template, examples, shape, log,
+                         judge=judge)
     log(f"checkpoint: {_pct(ref)} in {time.time() - t0:.0f} s")
     label, rows = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", []
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,11 +67,12 @@ def measure(run: str, quants: list[str], n: int, log=print) -> list[str]:
             result = export(Request(spec=run, format="gguf", quant=quant, out=str(out), verify=False), log)
             gguf_size = next(v for k, v in result.files.items() if k.endswith(".gguf"))
             written, wtok = _load_gguf(out)
-            mine = verify.answers(written, wtok, wtok.chat_template, examples, shape, limit, log, judge=judge)
+            mine = verify.answers(verify.greedy(written, wtok, limit), wtok, wtok.chat_template, examples, shape,
+                                  log, judge=judge)
             rows.append(_row(label, quant, gguf_size, result.seconds, ref, mine))
             if i == 0:  # the same file asked the bare question through the checkpoint's own template
-                bare = verify.answers(written, wtok, tok.chat_template, examples, ("", src.system), limit, log,
-                                      judge=judge)
+                bare = verify.answers(verify.greedy(written, wtok, limit), wtok, tok.chat_template, examples,
+                                      ("", src.system), log, judge=judge)
                 rows.append(_row(label, f"{quant}, asked without the instruction", gguf_size, result.seconds, ref,
                                  bare))
             log(rows[-1])

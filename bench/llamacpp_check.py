@@ -69,7 +69,8 @@ def measure(run: str, quants: list[str], n: int, log=print) -> tuple[list[str], 
     shape, limit = (src.instruction, src.system), int(src.cfg.get("eval_max_new_tokens", 256))
     examples, judge = source.held_out(src, n), source.judge(src, limit)
     model, tok = source.load(src, log)
-    ref = verify.answers(model, tok, tok.chat_template, examples, shape, limit, log, judge=judge)
+    ref = verify.answers(verify.greedy(model, tok, limit), tok, tok.chat_template, examples, shape, log,
+                         judge=judge)
     label, rows, lines = f"{src.cfg.get('model')} ({Path(run).name}, step {src.step})", [], []
     del model
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,19 +20,18 @@ The first repetition warms up; the medians of the rest are reported.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from cpu_grpo import config
 from cpu_grpo.data import loaders
 from cpu_grpo.engine.batching import group_logprobs
+from cpu_grpo.engine.llamacpp import LlamaCpp
 from cpu_grpo.engine.prompts import encode_prompts
 from cpu_grpo.engine.threads import set_threads
 from cpu_grpo.export import gguf as gguf_export
@@ -70,80 +69,6 @@ def write_adapter(model, path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-class LlamaCppSampler:
-    """Every row of a rollout decoded as one llama.cpp batch, a KV stream a row."""
-
-    def __init__(self, path: Path, rows: int, ctx_per_row: int, threads: int):
-        import llama_cpp as L
-
-        self.L = L
-        self.quiet = L.llama_log_callback(lambda level, text, data: None)  # kept: llama.cpp calls it
-        L.llama_log_set(self.quiet, ctypes.c_void_p(0))
-        L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
-        p = L.llama_context_default_params()
-        p.n_ctx, p.n_seq_max, p.kv_unified = rows * ctx_per_row, rows, False
-        p.n_batch = p.n_ubatch = 2048
-        p.n_threads = p.n_threads_batch = threads
-        self.ctx = L.llama_init_from_model(self.model, p)
-        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.batch = L.llama_batch_init(2048, 0, 1)
-        self.adapter = None
-
-    def set_adapter(self, path: Path) -> float:
-        """Load the adapter at `path` in place of the last one; returns the seconds it took."""
-        L, t = self.L, time.perf_counter()
-        new = L.llama_adapter_lora_init(self.model, str(path).encode())
-        L.llama_set_adapters_lora(self.ctx, (L.llama_adapter_lora_p_ctypes * 1)(new), 1, (ctypes.c_float * 1)(1.0))
-        if self.adapter is not None:
-            L.llama_adapter_lora_free(self.adapter)
-        self.adapter = new
-        return time.perf_counter() - t
-
-    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
-        """Decode (token, position, row, wants logits) entries; the logits of those that want them, in order."""
-        b = self.batch
-        for i, (token, pos, row, out) in enumerate(entries):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, out
-            b.seq_id[i][0] = row
-        b.n_tokens = len(entries)
-        if rc := self.L.llama_decode(self.ctx, b):
-            raise RuntimeError(f"llama_decode returned {rc}")
-        n = sum(e[3] for e in entries)
-        return np.ctypeslib.as_array(self.L.llama_get_logits(self.ctx), shape=(n, self.vocab)).copy()
-
-    def generate(self, prompts: list[list[int]], g: int, new: int, temperature: float, stops: tuple[int, ...],
-                 gen: torch.Generator) -> tuple[list[list[int]], list[list[float]]]:
-        """G completions of each prompt (group-major) and the log-probs llama.cpp gave their tokens."""
-        L = self.L
-        mem = L.llama_get_memory(self.ctx)
-        L.llama_memory_clear(mem, True)
-        last = []
-        for i, p in enumerate(prompts):  # a group's prompt prefilled once, into its first row, then copied
-            last.append(self._decode([(t, k, i * g, k == len(p) - 1) for k, t in enumerate(p)])[0])
-            for j in range(1, g):
-                L.llama_memory_seq_cp(mem, i * g, i * g + j, -1, -1)
-        logits = np.repeat(np.stack(last), g, axis=0)
-        done, logps = [[] for _ in range(len(prompts) * g)], [[] for _ in range(len(prompts) * g)]
-        live = list(range(len(done)))
-        for _ in range(new):
-            lp = torch.log_softmax(torch.from_numpy(logits) / temperature, dim=-1)
-            picked = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
-            still = []
-            for k, row in enumerate(live):
-                token = int(picked[k])
-                done[row].append(token)
-                logps[row].append(float(lp[k, token]))
-                if token not in stops:
-                    still.append(row)
-            live = still
-            if not live:
-                break
-            plen = {row: len(prompts[row // g]) for row in live}
-            logits = self._decode([(done[r][-1], plen[r] + len(done[r]) - 1, r, True) for r in live])
-        return done, logps
 
 
 def mismatch(run, prompts, comps, logps, g: int) -> dict:
@@ -191,7 +116,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for cell in args.cells:
         b, g, new = map(int, cell.split("x"))
-        lc = LlamaCppSampler(work / "base-q8_0.gguf", b * g, 1024, threads)
+        lc = LlamaCpp(work / "base-q8_0.gguf", b * g, 1024, threads)
         got = {"bf16": [], "llama.cpp": []}
         for r in range(args.reps + 1):
             chats = [ex.chat(cfg.instruction, cfg.system_prompt) for ex in problems[r * b:(r + 1) * b]]
@@ -201,7 +126,8 @@ def main() -> None:
             one = {"seconds": time.perf_counter() - t, "tokens": sum(map(len, comps))}
             t = time.perf_counter()
             write_adapter(run.model, work / "adapter.gguf")
-            refresh = time.perf_counter() - t + lc.set_adapter(work / "adapter.gguf")
+            lc.set_adapter(work / "adapter.gguf")
+            refresh = time.perf_counter() - t
             t = time.perf_counter()
             lcomps, logps = lc.generate(prompts, g, new, cfg.temperature, run.stops, torch.Generator().manual_seed(r))
             two = {"seconds": time.perf_counter() - t, "tokens": sum(map(len, lcomps)), "refresh": refresh,

@@ -4,7 +4,10 @@
 
 For each run: the model, the before and after accuracy on the same held-out problems (paired by id), the change
 with its 95% interval and McNemar's exact p, the run's minutes (summary.json's wall time) and peak memory (the
-largest peak RSS its step log recorded). tests/test_results.py recomputes the table and compares it with TASKS.md.
+largest peak RSS its step log recorded), and what one answer given to every problem would score (the held-out set's
+most common answer, where one covers a fifth or more of it: a yes/no task's majority; "-" otherwise), the bar an
+"after" must clear before it says anything about the task. tests/test_results.py recomputes the table and compares
+it with TASKS.md.
 """
 
 import gzip
@@ -18,22 +21,29 @@ sys.path.insert(0, str(ROOT / "src"))
 from cpu_grpo.eval import stats  # noqa: E402
 
 SUITE = ROOT / "results" / "task-suite"
-HEADER = ("| task | seed | model | n | base | after | change (95% CI) | McNemar p | minutes | peak GiB |\n"
-          "|---|---:|---|---:|---:|---:|---|---:|---:|---:|")
+HEADER = ("| task | seed | model | n | base | after | one answer | change (95% CI) | McNemar p | minutes | peak GiB |\n"
+          "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
 
 
-def correct_by_id(path: Path) -> dict[str, bool]:
+def records(path: Path) -> dict[str, dict]:
     with gzip.open(path, "rt") as f:
-        return {r["id"]: bool(r["correct"]) for r in map(json.loads, f)}
+        return {r["id"]: r for r in map(json.loads, f)}
+
+
+def one_answer(answers: list) -> str:
+    """The share the held-out set's most common answer covers, where it covers a fifth or more."""
+    known = [str(a) for a in answers if a not in (None, "", "None")]  # reasoning-gym: None when any answer may do
+    top = max(map(known.count, set(known)), default=0)
+    return f"{100 * top / len(answers):.1f}%" if top >= len(answers) / 5 else "-"
 
 
 def row(card: Path) -> str:
     """One table line for one run's card."""
     name, seed = re.fullmatch(r"(.+)-seed(\d+)", card.name).groups()
     summary = json.loads((card / "summary.json").read_text())
-    before, after = correct_by_id(card / "eval_before.jsonl.gz"), correct_by_id(card / "eval_after.jsonl.gz")
+    before, after = records(card / "eval_before.jsonl.gz"), records(card / "eval_after.jsonl.gz")
     ids = sorted(set(before) & set(after))
-    b, a = [before[i] for i in ids], [after[i] for i in ids]
+    b, a = [bool(before[i]["correct"]) for i in ids], [bool(after[i]["correct"]) for i in ids]
     cmp = stats.paired_comparison(b, a)
     lo, hi = cmp["ci95"]
     steps = [json.loads(line) for line in (card / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -41,9 +51,10 @@ def row(card: Path) -> str:
     change = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
     if cmp["significant"]:
         change = f"**{change}**"
+    one = one_answer([after[i].get("answer") for i in ids])
     return (f"| {name} | {seed} | {summary['model']} | {len(ids)} | {100 * sum(b) / len(b):.1f}% | "
-            f"{100 * sum(a) / len(a):.1f}% | {change} | {cmp['p_value']:.2g} | {summary['wall_seconds'] / 60:.0f} | "
-            f"{peak:.1f} |")
+            f"{100 * sum(a) / len(a):.1f}% | {one} | {change} | {cmp['p_value']:.2g} | "
+            f"{summary['wall_seconds'] / 60:.0f} | {peak:.1f} |")
 
 
 def rows() -> list[str]:

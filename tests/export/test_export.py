@@ -89,7 +89,10 @@ def test_template_appends_the_instruction_once(tiny_model):
 @pytest.mark.parametrize("run,fmt,quant", [("full", "hf", ""), ("lora", "hf", "bf16"), ("lora", "peft", ""),
                                            ("full", "gguf", "bf16"), ("lora", "gguf", "f16"),
                                            ("qwen2", "gguf", "bf16"), ("qwen2", "hf", "")])
-def test_exact_formats_round_trip(runs, tmp_path, run, fmt, quant):
+def test_exact_formats_round_trip(runs, tmp_path, run, fmt, quant, monkeypatch):
+    from cpu_grpo.export import readback
+
+    monkeypatch.setattr(readback, "has_llama_cpp", lambda: False)  # a GGUF read back by transformers, as without it
     out = tmp_path / "out"
     before = _digest(runs[run] / "checkpoints")
     result = export(_quiet(spec=str(runs[run]), format=fmt, quant=quant, out=str(out)), log=lambda *a: None)
@@ -128,6 +131,7 @@ def test_peft_export_loads_on_its_base(runs, tmp_path, tiny_model):
 
 def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_path, monkeypatch):
     from cpu_grpo.engine import progress
+    from cpu_grpo.export import readback
 
     monkeypatch.setattr(progress, "PROGRESS_EVERY", 0.0)  # the long phases say how far they are, with a rate
     out, said = tmp_path / "q8", []
@@ -137,6 +141,7 @@ def test_quantized_gguf_is_checked_by_accuracy_and_gets_a_modelfile(runs, tmp_pa
     assert any("problems/s, about" in x for x in said), said
     acc = result.checks["accuracy"]
     assert acc["n"] == 6 and 0 <= acc["export"] <= 1 and acc["comparison"]["n"] == 6
+    assert acc["reader"] == ("llama.cpp" if readback.has_llama_cpp() else "transformers")
     modelfile = (out / "Modelfile").read_text()
     gguf_file = next(out.glob("*.gguf")).name
     assert f"FROM ./{gguf_file}" in modelfile and "{{ .Prompt }}" in modelfile and INSTRUCTION in modelfile
@@ -161,11 +166,11 @@ def test_the_accuracy_check_judges_rows_of_your_own_task_by_their_correct_reward
         seen.extend(completions)
         return [1.0] * len(completions)
 
-    judged = verify.answers(model, tok, tok.chat_template, rows, ("", ""), 4, log=lambda *a: None,
+    judged = verify.answers(verify.greedy(model, tok, 4), tok, tok.chat_template, rows, ("", ""), log=lambda *a: None,
                             judge=Judge(right, True))
     assert [r["correct"] for r in judged] == [True] * 3 and seen == [r["completion"] for r in judged]
     with pytest.raises(UserError, match="--correct-reward"):  # no reward to judge them by: said, not counted wrong
-        verify.answers(model, tok, tok.chat_template, rows, ("", ""), 4, log=lambda *a: None)
+        verify.answers(verify.greedy(model, tok, 4), tok, tok.chat_template, rows, ("", ""), log=lambda *a: None)
 
 
 def test_the_instruction_travels_only_where_the_run_appended_it(tmp_path):
@@ -337,8 +342,11 @@ def test_cli_export_defaults_to_the_runs_exports_directory(runs, capsys):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_real_model_q8_0_export_keeps_its_accuracy(tmp_path, monkeypatch):
-    """SmolLM2-135M trained one step, exported to q8_0 and checked on 40 held-out problems: the export's accuracy
-    within the paired interval of the checkpoint's (McNemar p >= 0.05)."""
+    """SmolLM2-135M trained one step, exported to q8_0 and checked on 40 held-out problems: the export is not
+    significantly worse than the checkpoint (McNemar p >= 0.05), the check's own rule. Read by llama.cpp (int8
+    weights and int8 activations, what ollama runs) it is closer to the edge than transformers' reading of the same
+    file (int8 weights, fp32 activations): 22.5% -> 10.0% (5 lost, 0 gained, p 0.06) against 22.5% -> 17.5% (p 0.63),
+    2026-12-04; the default 0.5B model kept its accuracy through llama.cpp (69.0% vs 68.0% on 200, p 0.73)."""
     from cpu_grpo.engine.models import ModelError, resolve_model
     from cpu_grpo.train.loop import train
 
@@ -353,8 +361,8 @@ def test_real_model_q8_0_export_keeps_its_accuracy(tmp_path, monkeypatch):
     result = export(_quiet(spec=str(run), format="gguf", quant="q8_0", out=str(tmp_path / "q8"), verify_n=40),
                     log=lambda *a: None)
     acc = result.checks["accuracy"]
-    lo, hi = acc["comparison"]["ci95"]
-    assert result.passed and lo <= 0 <= hi and acc["n"] == 40
+    not_worse = acc["comparison"]["p_value"] >= 0.05 or acc["export"] >= acc["checkpoint"]
+    assert result.passed and not_worse and acc["n"] == 40, acc
 
 
 # ---------------------------------------------------------------------------- the web page's Export action
@@ -461,6 +469,49 @@ def test_llama_cpp_reads_the_gguf_as_the_checkpoint(runs, tmp_path, run):
     assert bare["usage"]["prompt_tokens"] == len(ids)  # the template added the instruction
 
 
+@pytest.mark.parametrize("quant", ["bf16", "q8_0"])
+def test_where_llama_cpp_is_installed_it_alone_reads_the_gguf(runs, tmp_path, monkeypatch, quant):
+    """transformers' GGUF reader held a second, fp32, copy of the weights beside the checkpoint (the 0.5B export
+    peaked at 7.9 GiB, 5.3 of it the reader): where llama.cpp is installed it is the only reader, its batched greedy
+    answers the quantized file's accuracy check."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
+    from cpu_grpo.export import readback
+
+    def refuse(*a, **kw):
+        raise AssertionError("transformers was asked to read the export")
+
+    monkeypatch.setattr(readback, "load_written", refuse)
+    result = export(_quiet(spec=str(runs["full"]), format="gguf", quant=quant, out=str(tmp_path / "out"),
+                           verify_n=6), log=lambda *a: None)
+    assert result.passed and set(result.checks) == {"llama.cpp", "template"} | ({"accuracy"} if quant == "q8_0"
+                                                                                 else set()), result.checks
+    assert result.checks["template"]["carries_instruction"]
+    if quant == "q8_0":
+        acc = result.checks["accuracy"]
+        assert acc["reader"] == "llama.cpp" and acc["n"] == 6 and "read by llama.cpp" in (
+            tmp_path / "out" / "export.md").read_text()
+
+
+def test_llama_cpp_batched_greedy_equals_one_row_at_a_time(runs, tmp_path):
+    """engine.llamacpp decodes many rows as one llama.cpp batch, a KV stream a row: a row's greedy completion does
+    not depend on the rows beside it."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
+    from transformers import AutoTokenizer
+
+    from cpu_grpo.engine.llamacpp import LlamaCpp
+
+    out = tmp_path / "out"
+    export(_quiet(spec=str(runs["full"]), format="gguf", quant="f16", out=str(out), verify=False), log=lambda *a: None)
+    tok = AutoTokenizer.from_pretrained(out, gguf_file=next(out.glob("*.gguf")).name)
+    prompts = [tok(f"What is {a} + {b}?", add_special_tokens=False)["input_ids"] for a, b in [(1, 2), (30, 4), (5, 60)]]
+    llm = LlamaCpp(next(out.glob("*.gguf")), 3, 64, 1)
+    together, logps = llm.generate(prompts, 1, 12, 0.0, (tok.eos_token_id,))
+    alone = [llm.generate([p], 1, 12, 0.0, (tok.eos_token_id,))[0][0] for p in prompts]
+    assert together == alone and all(len(x) == len(y) for x, y in zip(together, logps, strict=True))
+    assert all(0 < len(x) <= 12 for x in together)
+    llm.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama3-rope", "phi3"])
 def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(kind, tiny_model, tmp_path):
@@ -490,7 +541,7 @@ def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(k
     assert result.passed and check["tokens_identical"] and check["max_logit_diff_share"] < 0.1, check
     assert "Read by llama.cpp itself (llama-cpp-python)" in (tmp_path / "out" / "export.md").read_text()
     if kind == "llama3-rope":
-        assert any("transformers cannot read this GGUF back" in line for line in said)
+        assert any("with llama.cpp (transformers is not asked)" in line for line in said)
     else:  # a file llama.cpp cannot load fails the check, with llama.cpp's reason
         from cpu_grpo.export import verify
 

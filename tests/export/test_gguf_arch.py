@@ -289,8 +289,11 @@ def runs(tmp_path_factory, tok, tiny_model):
     return out
 
 
-def test_export_of_a_qwen3_run_is_checked_by_transformers(runs, tmp_path):
+def test_export_of_a_qwen3_run_is_checked_by_transformers(runs, tmp_path, monkeypatch):
+    from cpu_grpo.export import readback
     from cpu_grpo.export.run import Request, export
+
+    monkeypatch.setattr(readback, "has_llama_cpp", lambda: False)  # read back by transformers, as without llama.cpp
 
     result = export(Request(spec=str(runs["qwen3"]), format="gguf", out=str(tmp_path / "q")), log=lambda *a: None)
     greedy = result.checks["greedy"]
@@ -317,7 +320,7 @@ def test_an_export_transformers_cannot_read_says_so_and_exports_unverified(runs,
     if readback.has_llama_cpp():
         result = export(Request(spec=str(runs["smollm3"]), format="gguf", out=str(tmp_path / "c")),
                         log=lambda *a: None)
-        assert set(result.checks) == {"llama.cpp"} and result.passed, str(result.checks)
+        assert set(result.checks) == {"llama.cpp", "template"} and result.passed, str(result.checks)
 
 
 def test_a_field_that_defaults_to_the_same_value_is_no_misreading(tmp_path, tok, tiny_model):

@@ -42,36 +42,60 @@ def rounding(req):
 
 
 def run(src: source.Source, req, out: Path, model, tok, template: str | None, log=print) -> dict:
-    """The checks of this export: greedy identity for exact formats, paired held-out accuracy for quantized GGUF,
-    and the exported chat template's prompt against the run's (its tokens, for every format). An exact format's
-    checks round `model`'s weights in place, as the file stores them."""
-    from ..engine.sampler import stop_ids
+    """The checks of this export. A GGUF where llama.cpp is installed is read by llama.cpp alone: its logits
+    against the checkpoint's, and for a quantized file the paired held-out accuracy of its greedy answers.
+    Otherwise the files are loaded back by transformers (and peft): greedy identity for exact formats, paired
+    held-out accuracy for quantized GGUF. Every format: the exported chat template against the run's. An exact
+    format's checks round `model`'s weights in place, as the file stores them."""
     from .gguf_arch import GGUFError, misread
 
-    shape, checks = (src.instruction, src.system), {}
     exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
+    gguf_file = next(out.glob("*.gguf")) if req.format == "gguf" else None
+    if gguf_file and has_llama_cpp():
+        verify.round_to(model, *rounding(req))
+        checks = by_llama_cpp(src, req, gguf_file, model, tok, template, exact, log)
+    else:
+        if gguf_file and (why := misread(model.config, out, gguf_file.name)):
+            raise GGUFError(f"the GGUF was written but cannot be checked here ({why}), and llama.cpp is not "
+                            "installed to read it (pip install llama-cpp-python): install it and export again, "
+                            "or export again with --no-verify.")
+        checks = by_transformers(src, req, out, model, tok, template, exact, log)
+    _log(checks, log)
+    return checks
+
+
+def by_llama_cpp(src, req, gguf_file: Path, model, tok, template: str | None, exact: bool, log) -> dict:
+    """llama.cpp's reading of the GGUF (engine.llamacpp, llama-cpp-python): no second copy of the weights in
+    memory, and the reader the file is for."""
+    from ..engine.sampler import stop_ids
+
+    shape = (src.instruction, src.system)
+    log(f"reading {gguf_file.name} with llama.cpp (transformers is not asked)")
+    questions = [e.question for e in source.held_out(src, LLAMA_CPP_PROMPTS)]
+    checks = {"llama.cpp": verify.llama_cpp_check(model, tok, gguf_file, questions, shape, req.quant)}
+    written_template = gguf_template(gguf_file)
+    checks["template"] = _template_check(written_template, template)
+    if not exact and "error" not in checks["llama.cpp"]:
+        examples, limit = source.held_out(src, req.verify_n), int(src.cfg.get("eval_max_new_tokens", 256))
+        longest = max(map(len, verify.prompt_ids(tok, [e.question for e in examples], written_template, *shape)))
+        theirs = verify.llama_cpp_greedy(gguf_file, stop_ids(tok, model), limit, longest)
+        checks["accuracy"] = verify.accuracy_check(verify.greedy(model, tok, limit), tok, theirs, tok,
+                                                   written_template, examples, shape, limit, log,
+                                                   source.judge(src, limit), reader="llama.cpp")
+    return checks
+
+
+def by_transformers(src, req, out: Path, model, tok, template: str | None, exact: bool, log) -> dict:
+    """transformers' (and peft's) reading of the written files, beside the checkpoint."""
+    from ..engine.sampler import stop_ids
+
+    shape = (src.instruction, src.system)
     if exact:  # the checkpoint's unrounded logits, then its weights rounded as the file holds them, in place (no
         examples = source.held_out(src, GREEDY_PROMPTS)  # copy: an export's memory is the checkpoint's, once)
         first = verify.next_logits(model, tok, [e.question for e in examples], shape)
         verify.round_to(model, *rounding(req))
-    if req.format == "gguf":
-        gguf_file = next(out.glob("*.gguf"))
-        if has_llama_cpp():  # llama.cpp itself, where `make test` (or the [llamacpp] extra) built it
-            log(f"reading {gguf_file.name} with llama.cpp")
-            checks["llama.cpp"] = verify.llama_cpp_check(model, tok, gguf_file, [e.question for e in
-                                                         source.held_out(src, LLAMA_CPP_PROMPTS)], shape, req.quant)
-        if why := misread(model.config, out, gguf_file.name):
-            if not checks:
-                raise GGUFError(f"the GGUF was written but cannot be checked here ({why}), and llama.cpp is not "
-                                "installed to read it (pip install llama-cpp-python): install it and export again, "
-                                "or export again with --no-verify.")
-            log(f"transformers cannot read this GGUF back ({why}): llama.cpp's reading is the check")
-            _log(checks, log)
-            return checks
     written, written_tok, written_template = load_written(req, out, src)
-    checks["template"] = {"kind": "template", "carries_instruction": bool(written_template and
-                                                                          verify.prompt.MARK in written_template),
-                          "passed": template is None or written_template == template}
+    checks = {"template": _template_check(written_template, template)}
     if exact:
         log(f"checking greedy completions of {len(examples)} held-out prompts against the checkpoint")
         dtype = rounding(req)[0]
@@ -82,10 +106,24 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     else:
         examples = source.held_out(src, req.verify_n)
         limit = int(src.cfg.get("eval_max_new_tokens", 256))
-        checks["accuracy"] = verify.accuracy_check(model, tok, written, written_tok, written_template, examples,
-                                                   shape, limit, log, source.judge(src, limit))
-    _log(checks, log)
+        checks["accuracy"] = verify.accuracy_check(verify.greedy(model, tok, limit), tok,
+                                                   verify.greedy(written, written_tok, limit), written_tok,
+                                                   written_template, examples, shape, limit, log,
+                                                   source.judge(src, limit))
     return checks
+
+
+def gguf_template(path: Path) -> str | None:
+    """The chat template a GGUF carries (its metadata only; the tensors are not read)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.chat_template")
+    return None if field is None else bytes(field.parts[field.data[0]]).decode()
+
+
+def _template_check(written: str | None, template: str | None) -> dict:
+    return {"kind": "template", "carries_instruction": bool(written and verify.prompt.MARK in written),
+            "passed": template is None or written == template}
 
 
 LLAMA_CPP_PROMPTS = 8  # held-out prompts llama.cpp reads, every position's logits compared
@@ -110,5 +148,6 @@ def _log(checks: dict, log) -> None:
                 f"largest logit difference {c['max_logit_diff_share']:.1%} of the largest logit (at most "
                 f"{c['tolerance']:.0%} for {c['quant']}), argmax agreement {c['argmax_agreement']:.0%}")
         elif name == "accuracy":
-            log(f"accuracy on {c['n']} held-out problems: checkpoint {c['checkpoint']:.1%}, export {c['export']:.1%}; "
+            log(f"accuracy on {c['n']} held-out problems: checkpoint {c['checkpoint']:.1%}, export {c['export']:.1%} "
+                f"(read by {c['reader']}); "
                 f"{c['sentence']}")

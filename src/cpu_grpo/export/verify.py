@@ -80,22 +80,36 @@ def greedy_check(ref, ref_tok, out, out_tok, questions: list[str], shape: tuple[
             "passed": ref_ids == out_ids and all(same)}
 
 
-def answers(model, tok, template: str | None, examples: list, shape: tuple[str, str], max_new_tokens: int,
-            log=print, batch: int = 50, judge=None) -> list[dict]:
-    """Greedy completions of the held-out problems, asked in the run's shape through `template`, each scored as
-    the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math row by its answer after '####',
-    boxed, ...; a row of the run's own task by its correct reward)."""
+def greedy(model, tok, max_new_tokens: int):
+    """Greedy completions by `model` (this project's sampler), as a function of the prompts' token ids."""
     from ..engine.sampler import Sampler, Sampling, stop_ids
+
+    sampler, sampling = Sampler(model), Sampling(max_new_tokens, stop_ids(tok, model), tok.pad_token_id, 0.0)
+    return lambda ids: sampler.generate(ids, 1, sampling)
+
+
+def llama_cpp_greedy(gguf_file, stops: tuple[int, ...], max_new_tokens: int, longest: int, rows: int = 50):
+    """Greedy completions by llama.cpp reading `gguf_file`, `rows` at a time as one batch (prompts of at most
+    `longest` tokens)."""
+    from ..engine.llamacpp import LlamaCpp
+
+    llm = LlamaCpp(gguf_file, rows, longest + max_new_tokens + 1, torch.get_num_threads())
+    return lambda ids: llm.generate(ids, 1, max_new_tokens, 0.0, stops)[0]
+
+
+def answers(generate, tok, template: str | None, examples: list, shape: tuple[str, str], log=print,
+            batch: int = 50, judge=None) -> list[dict]:
+    """Greedy completions of the held-out problems by `generate` (greedy or llama_cpp_greedy), asked in the run's
+    shape through `template`, each scored as the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math
+    row by its answer after '####', boxed, ...; a row of the run's own task by its correct reward)."""
     from ..eval.evaluate import Judge
     from ..eval.metrics import score_completion
 
     judge = judge or Judge()
-
-    sampler, greedy = Sampler(model), Sampling(max_new_tokens, stop_ids(tok, model), tok.pad_token_id, 0.0)
     records, t0 = [], time.time()
     for i in range(0, len(examples), batch):
         part = examples[i:i + batch]
-        outs = sampler.generate(prompt_ids(tok, [e.question for e in part], template, *shape), 1, greedy)
+        outs = generate(prompt_ids(tok, [e.question for e in part], template, *shape))
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in outs]
         judged = judge.scores(part, texts, outs, log)
         for ex, text, right in zip(part, texts, judged, strict=True):
@@ -107,20 +121,22 @@ def answers(model, tok, template: str | None, examples: list, shape: tuple[str, 
     return records
 
 
-def accuracy_check(ref, ref_tok, out, out_tok, out_template: str | None, examples: list, shape: tuple[str, str],
-                   max_new_tokens: int, log=print, judge=None) -> dict:
-    """Greedy held-out accuracy of the checkpoint and the export on the same problems, paired (judged as `answers`
-    says)."""
+def accuracy_check(mine, ref_tok, theirs, out_tok, out_template: str | None, examples: list,
+                   shape: tuple[str, str], max_new_tokens: int, log=print, judge=None,
+                   reader: str = "transformers") -> dict:
+    """Greedy held-out accuracy of the checkpoint (`mine`) and the export (`theirs`, read by `reader`) on the same
+    problems, paired (as `answers` generates and judges)."""
     log(f"evaluating the checkpoint on {len(examples)} held-out problems")
-    mine = answers(ref, ref_tok, ref_tok.chat_template, examples, shape, max_new_tokens, log, judge=judge)
-    log(f"evaluating the export on {len(examples)} held-out problems")
-    theirs = answers(out, out_tok, out_template, examples, shape, max_new_tokens, log, judge=judge)
-    before, after = [r["correct"] for r in mine], [r["correct"] for r in theirs]
+    ref = answers(mine, ref_tok, ref_tok.chat_template, examples, shape, log, judge=judge)
+    log(f"evaluating the export on {len(examples)} held-out problems (read by {reader})")
+    got = answers(theirs, out_tok, out_template, examples, shape, log, judge=judge)
+    before, after = [r["correct"] for r in ref], [r["correct"] for r in got]
     cmp = stats.paired_comparison(before, after)
     worse = cmp["p_value"] < 0.05 and sum(after) < sum(before)
     return {"kind": "accuracy", "n": len(examples), "checkpoint": sum(before) / len(before),
             "export": sum(after) / len(after), "comparison": cmp, "max_new_tokens": max_new_tokens,
-            "same_answer": sum(a["completion"] == b["completion"] for a, b in zip(mine, theirs, strict=True)),
+            "reader": reader,
+            "same_answer": sum(a["completion"] == b["completion"] for a, b in zip(ref, got, strict=True)),
             "sentence": stats.significance_sentence(cmp, "export - checkpoint"), "passed": not worse}
 
 

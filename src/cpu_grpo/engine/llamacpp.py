@@ -1,0 +1,110 @@
+"""Many rows decoded as one llama.cpp batch (llama-cpp-python's C API), a KV stream a row: an exported GGUF read by
+llama.cpp itself (export's checks) and a sampler measured against ours (bench/llamacpp_rollout.py)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_QUIET = []  # the log callback given to llama.cpp, kept alive for as long as the process: llama.cpp calls it
+
+
+def _quiet(L) -> None:
+    """llama.cpp's log silenced, once (llama-cpp-python's own Llama(verbose=False) also sets it, and keeps its own)."""
+    if not _QUIET:
+        _QUIET.append(L.llama_log_callback(lambda level, text, data: None))
+    L.llama_log_set(_QUIET[0], ctypes.c_void_p(0))
+
+
+class LlamaCpp:
+    """A GGUF model and a context of `rows` KV streams of `ctx_per_row` tokens each."""
+
+    def __init__(self, path: Path, rows: int, ctx_per_row: int, threads: int):
+        import llama_cpp as L
+
+        self.L = L
+        _quiet(L)
+        L.llama_backend_init()
+        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+        if not self.model:
+            raise ValueError(f"llama.cpp cannot load {path}")
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_seq_max, p.kv_unified = rows * ctx_per_row, rows, False
+        p.n_batch = p.n_ubatch = 2048
+        p.n_threads = p.n_threads_batch = threads
+        self.ctx = L.llama_init_from_model(self.model, p)
+        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        self.batch = L.llama_batch_init(2048, 0, 1)
+        self.adapter, self.closed = None, False
+
+    def close(self) -> None:
+        """Free llama.cpp's model, context and adapter (also when this object is collected)."""
+        L, self.closed = self.L, True
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        if self.adapter is not None:
+            L.llama_adapter_lora_free(self.adapter)
+        L.llama_model_free(self.model)
+
+    def __del__(self):
+        if not getattr(self, "closed", True):
+            self.close()
+
+    def set_adapter(self, path: Path) -> None:
+        """Load the GGUF LoRA adapter at `path` in place of the last one."""
+        L = self.L
+        new = L.llama_adapter_lora_init(self.model, str(path).encode())
+        L.llama_set_adapters_lora(self.ctx, (L.llama_adapter_lora_p_ctypes * 1)(new), 1, (ctypes.c_float * 1)(1.0))
+        if self.adapter is not None:
+            L.llama_adapter_lora_free(self.adapter)
+        self.adapter = new
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """Decode (token, position, row, wants logits) entries; the logits of those that want them, in order."""
+        b = self.batch
+        for i, (token, pos, row, out) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, out
+            b.seq_id[i][0] = row
+        b.n_tokens = len(entries)
+        if rc := self.L.llama_decode(self.ctx, b):
+            raise RuntimeError(f"llama_decode returned {rc}")
+        n = sum(e[3] for e in entries)
+        return np.ctypeslib.as_array(self.L.llama_get_logits(self.ctx), shape=(n, self.vocab)).copy()
+
+    def generate(self, prompts: list[list[int]], g: int, new: int, temperature: float, stops: tuple[int, ...],
+                 gen: torch.Generator | None = None) -> tuple[list[list[int]], list[list[float]]]:
+        """G completions of each prompt (group-major), each cut after its first stop token, and the log-probs
+        llama.cpp gave their tokens; temperature 0 is greedy. A group's prompt is prefilled once and copied."""
+        L = self.L
+        mem = L.llama_get_memory(self.ctx)
+        L.llama_memory_clear(mem, True)
+        last = []
+        for i, p in enumerate(prompts):  # into the group's first row, in pieces that fit a batch
+            for k in range(0, len(p), 2048):
+                out = self._decode([(t, j, i * g, j == len(p) - 1) for j, t in enumerate(p[k:k + 2048], k)])
+            last.append(out[0])
+            for j in range(1, g):
+                L.llama_memory_seq_cp(mem, i * g, i * g + j, -1, -1)
+        logits = np.repeat(np.stack(last), g, axis=0)
+        done, logps = [[] for _ in range(len(prompts) * g)], [[] for _ in range(len(prompts) * g)]
+        live = list(range(len(done)))
+        for _ in range(new):
+            lp = torch.log_softmax(torch.from_numpy(logits) / max(temperature, 1e-6), dim=-1)
+            picked = (torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1) if temperature > 0
+                      else lp.argmax(-1))
+            still = []
+            for k, row in enumerate(live):
+                token = int(picked[k])
+                done[row].append(token)
+                logps[row].append(float(lp[k, token]))
+                if token not in stops:
+                    still.append(row)
+            live = still
+            if not live:
+                break
+            plen = {row: len(prompts[row // g]) for row in live}
+            logits = self._decode([(done[r][-1], plen[r] + len(done[r]) - 1, r, True) for r in live])
+        return done, logps
