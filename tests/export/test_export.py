@@ -504,12 +504,11 @@ def test_llama_cpp_batched_greedy_equals_one_row_at_a_time(runs, tmp_path):
     export(_quiet(spec=str(runs["full"]), format="gguf", quant="f16", out=str(out), verify=False), log=lambda *a: None)
     tok = AutoTokenizer.from_pretrained(out, gguf_file=next(out.glob("*.gguf")).name)
     prompts = [tok(f"What is {a} + {b}?", add_special_tokens=False)["input_ids"] for a, b in [(1, 2), (30, 4), (5, 60)]]
-    llm = LlamaCpp(next(out.glob("*.gguf")), 3, 64, 1)
-    together, logps = llm.generate(prompts, 1, 12, 0.0, (tok.eos_token_id,))
-    alone = [llm.generate([p], 1, 12, 0.0, (tok.eos_token_id,))[0][0] for p in prompts]
+    with LlamaCpp(next(out.glob("*.gguf")), 3, 64, 1, batch=8) as llm:  # prompts longer than a batch: in pieces
+        together, logps = llm.generate(prompts, 1, 12, 0.0, (tok.eos_token_id,))
+        alone = [llm.generate([p], 1, 12, 0.0, (tok.eos_token_id,))[0][0] for p in prompts]
     assert together == alone and all(len(x) == len(y) for x, y in zip(together, logps, strict=True))
-    assert all(0 < len(x) <= 12 for x in together)
-    llm.close()
+    assert all(0 < len(x) <= 12 for x in together) and max(map(len, prompts)) > 8
 
 
 @pytest.mark.slow

@@ -20,9 +20,10 @@ def _quiet(L) -> None:
 
 
 class LlamaCpp:
-    """A GGUF model and a context of `rows` KV streams of `ctx_per_row` tokens each."""
+    """A GGUF model and a context of `rows` KV streams of `ctx_per_row` tokens each, decoding at most `batch` tokens
+    at a time (llama.cpp keeps a batch's logits: `batch` x vocabulary floats); a context manager that frees them."""
 
-    def __init__(self, path: Path, rows: int, ctx_per_row: int, threads: int):
+    def __init__(self, path: Path, rows: int, ctx_per_row: int, threads: int, batch: int = 512):
         import llama_cpp as L
 
         self.L = L
@@ -33,25 +34,27 @@ class LlamaCpp:
             raise ValueError(f"llama.cpp cannot load {path}")
         p = L.llama_context_default_params()
         p.n_ctx, p.n_seq_max, p.kv_unified = rows * ctx_per_row, rows, False
-        p.n_batch = p.n_ubatch = 2048
+        p.n_batch = p.n_ubatch = self.size = max(batch, rows)
         p.n_threads = p.n_threads_batch = threads
         self.ctx = L.llama_init_from_model(self.model, p)
         self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.batch = L.llama_batch_init(2048, 0, 1)
-        self.adapter, self.closed = None, False
+        self.batch = L.llama_batch_init(self.size, 0, 1)
+        self.adapter = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
-        """Free llama.cpp's model, context and adapter (also when this object is collected)."""
-        L, self.closed = self.L, True
+        """Free llama.cpp's model, context and adapter."""
+        L = self.L
         L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
         if self.adapter is not None:
             L.llama_adapter_lora_free(self.adapter)
         L.llama_model_free(self.model)
-
-    def __del__(self):
-        if not getattr(self, "closed", True):
-            self.close()
 
     def set_adapter(self, path: Path) -> None:
         """Load the GGUF LoRA adapter at `path` in place of the last one."""
@@ -83,8 +86,8 @@ class LlamaCpp:
         L.llama_memory_clear(mem, True)
         last = []
         for i, p in enumerate(prompts):  # into the group's first row, in pieces that fit a batch
-            for k in range(0, len(p), 2048):
-                out = self._decode([(t, j, i * g, j == len(p) - 1) for j, t in enumerate(p[k:k + 2048], k)])
+            for k in range(0, len(p), self.size):
+                out = self._decode([(t, j, i * g, j == len(p) - 1) for j, t in enumerate(p[k:k + self.size], k)])
             last.append(out[0])
             for j in range(1, g):
                 L.llama_memory_seq_cp(mem, i * g, i * g + j, -1, -1)

@@ -88,18 +88,10 @@ def greedy(model, tok, max_new_tokens: int):
     return lambda ids: sampler.generate(ids, 1, sampling)
 
 
-def llama_cpp_greedy(gguf_file, stops: tuple[int, ...], max_new_tokens: int, longest: int, rows: int = 50):
-    """Greedy completions by llama.cpp reading `gguf_file`, `rows` at a time as one batch (prompts of at most
-    `longest` tokens)."""
-    from ..engine.llamacpp import LlamaCpp
-
-    llm = LlamaCpp(gguf_file, rows, longest + max_new_tokens + 1, torch.get_num_threads())
-    return lambda ids: llm.generate(ids, 1, max_new_tokens, 0.0, stops)[0]
-
-
 def answers(generate, tok, template: str | None, examples: list, shape: tuple[str, str], log=print,
             batch: int = 50, judge=None) -> list[dict]:
-    """Greedy completions of the held-out problems by `generate` (greedy or llama_cpp_greedy), asked in the run's
+    """Greedy completions of the held-out problems by `generate` (prompts' token ids to completions': greedy, or
+    llama.cpp's in readback), asked in the run's
     shape through `template`, each scored as the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math
     row by its answer after '####', boxed, ...; a row of the run's own task by its correct reward)."""
     from ..eval.evaluate import Judge
