@@ -1,4 +1,5 @@
-"""Load what an export wrote with plain transformers (and peft), as a user would, and run verify's checks on it."""
+"""Read what an export wrote back with another program, as a user would (llama.cpp for a GGUF where it is installed,
+plain transformers and peft otherwise), and run verify's checks on it."""
 
 from __future__ import annotations
 
