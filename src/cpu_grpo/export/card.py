@@ -74,7 +74,7 @@ def _checks(checks: dict) -> list[str]:
         cmp = c["comparison"]
         lines += [f"- Greedy held-out accuracy on {c['n']} of the run's held-out problems (test split, seed + 1; "
                   f"completions up to {c['max_new_tokens']} tokens): checkpoint **{c['checkpoint']:.1%}**, export "
-                  f"(read by {c.get('reader', 'transformers')}) "
+                  f"(read by {c['reader']}) "
                   f"**{c['export']:.1%}**; {c['sentence']} Right only in the checkpoint: {cmp['b']}, only in the "
                   f"export: {cmp['c']}; identical completions: {c['same_answer']} of {c['n']}."]
     if c := checks.get("llama.cpp"):

@@ -82,8 +82,8 @@ def by_llama_cpp(src, req, gguf_file: Path, model, tok, template: str | None, ex
     if not exact and "error" not in checks["llama.cpp"]:
         examples, limit = source.held_out(src, req.verify_n), int(src.cfg.get("eval_max_new_tokens", 256))
         longest = max(map(len, verify.prompt_ids(tok, [e.question for e in examples], written_template, *shape)))
-        stops, rows = stop_ids(tok, model), 50  # as many rows a batch as `answers` asks at a time
-        with LlamaCpp(gguf_file, rows, longest + limit + 1, torch.get_num_threads()) as llm:
+        stops = stop_ids(tok, model)
+        with LlamaCpp(gguf_file, verify.ANSWER_BATCH, longest + limit + 1, torch.get_num_threads()) as llm:
             checks["accuracy"] = verify.accuracy_check(
                 verify.greedy(model, tok, limit), tok, lambda ids: llm.generate(ids, 1, limit, 0.0, stops)[0], tok,
                 written_template, examples, shape, limit, log, source.judge(src, limit), reader="llama.cpp")

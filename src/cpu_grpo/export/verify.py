@@ -88,12 +88,15 @@ def greedy(model, tok, max_new_tokens: int):
     return lambda ids: sampler.generate(ids, 1, sampling)
 
 
+ANSWER_BATCH = 50  # held-out problems `answers` asks at a time
+
+
 def answers(generate, tok, template: str | None, examples: list, shape: tuple[str, str], log=print,
-            batch: int = 50, judge=None) -> list[dict]:
+            batch: int = ANSWER_BATCH, judge=None) -> list[dict]:
     """Greedy completions of the held-out problems by `generate` (prompts' token ids to completions': greedy, or
-    llama.cpp's in readback), asked in the run's
-    shape through `template`, each scored as the run's evaluation scores it (`judge`, an eval.evaluate.Judge: a math
-    row by its answer after '####', boxed, ...; a row of the run's own task by its correct reward)."""
+    llama.cpp's in readback), asked in the run's shape through `template`, each scored as the run's evaluation scores
+    it (`judge`, an eval.evaluate.Judge: a math row by its answer after '####', boxed, ...; a row of the run's own
+    task by its correct reward)."""
     from ..eval.evaluate import Judge
     from ..eval.metrics import score_completion
 
