@@ -73,7 +73,7 @@ def main() -> None:
         own = sum(c["function"]["name"] == "calculator" and c["function"]["arguments"].get("expression") not in
                   ("(3 + 4) * 12", "14 * 12 - 9") for t in turns for m in t.messages for c in m.get("tool_calls", []))
         right = sum(correctness_reward([str(t.messages[-1].get("content", ""))], [ex.answer])[0] == 1
-                    for t, ex in zip(turns, [ex for ex in problems for _ in range(g)]))
+                    for t, ex in zip(turns, [ex for ex in problems for _ in range(g)], strict=True))
         print(f"   calls to the calculator with an expression of their own {own}; last turn right {right}")
         for t in turns[:2]:
             print("    " + repr(" | ".join(f"{m['role']}: {str(m.get('content'))[:150]}" for m in t.messages)))

@@ -146,8 +146,8 @@ def check(run, cfg, problems, arm: str, g: int = 4) -> None:
             for ex in problems for _ in range(g)]
     tools = [[calculator] if arm == "calculator" else [] for _ in rows]
     sampling = run.sampling(BUDGET)
-    _, turns = agent.sample_with_tools(run.tok, agent.generating(run.sampler, sampling, torch.Generator().manual_seed(0)),
-                                       rows, g, tools, BUDGET, MAX_CALLS, sampling.stops)
+    generate = agent.generating(run.sampler, sampling, torch.Generator().manual_seed(0))
+    _, turns = agent.sample_with_tools(run.tok, generate, rows, g, tools, BUDGET, MAX_CALLS, sampling.stops)
     answers = [ex.answer for ex in problems for _ in range(g)]
     right = correctness_reward([str(t.messages[-1].get("content", "")) for t in turns], answers)
     print(f"check on {len(problems)} other training problems x {g}: rows with a call {sum(t.calls > 0 for t in turns)}"
