@@ -50,7 +50,9 @@ class Recorder:
         if self.last is not None:
             taken = input_ids[:, -1:]
             got = self.last.gather(1, taken).squeeze(1).tolist()
-            self.logps = [[x] for x in got] if self.logps is None else [a + [x] for a, x in zip(self.logps, got, strict=True)]
+            self.logps = self.logps or [[] for _ in got]
+            for row, x in zip(self.logps, got, strict=True):
+                row.append(x)
         self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
