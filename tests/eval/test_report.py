@@ -166,3 +166,24 @@ def test_problems_that_changed_when_the_base_records_keep_no_text(tmp_path):
                  map(json.loads, records("basic", [False, True]).splitlines())]
     (tmp_path / "eval_before.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_text))
     assert report._samples(tmp_path).startswith("**q0** (answer 1)\n\n- before (wrong): 'no idea'\n- after (right)")
+
+
+def test_a_gain_that_one_answer_matches_is_said(tmp_path):
+    """letter_counting's seed 0 went 6% -> 76% by answering 1 to everything, which 78% of its answers are: the
+    summary, the report and the console say what the constant scores against the model."""
+    run = tmp_path / "run"
+    run.mkdir()
+    answers = ["1"] * 16 + ["2", "3", "2", "4"]
+    for name, right in (("eval_before.jsonl", set()), ("eval_after.jsonl", set(range(16)))):
+        (run / name).write_text("".join(json.dumps({"id": i, "difficulty": "letters", "answer": a, "question": "Q?",
+                                                    "completion": "<answer>1</answer>", "correct": i in right}) + "\n"
+                                        for i, a in enumerate(answers)))
+    said = []
+    summary = report.write_summary(run, config.build(None, None, {"model": "m", "task": "basic"}), 1, 1.0,
+                                   log=said.append)
+    check = summary["levels"]["letters"]["constant"]
+    assert (check["answer"], check["accuracy"], check["vs_model"]["diff"]) == ("1", 0.8, 0.0)
+    sentence = ('letters: answering "1" to every problem scores 80.0% (16 of 20); the model 80.0%, +0.0 points '
+                "against it (McNemar p = 1): what it gained is no more than the constant.")
+    assert sentence in said and sentence in (run / "report.md").read_text()
+    assert summary["levels"]["letters"]["delta"]["significant"]  # the change from the base alone says otherwise

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..rundir import code_version, read_jsonl
 from .forgetting import forgetting_table
 from .metrics import with_work
+from .stats import against_constant
 from .tables import (
     accuracy_levels,
     accuracy_table,
@@ -115,6 +116,7 @@ def write_report(run: Path, cfg, summary: dict) -> Path:
     if summary["levels"]:
         lines += ["## Held-out accuracy, before and after (greedy)", "", accuracy_table(summary["levels"])]
         lines += [e["delta"]["sentence"] for e in summary["levels"].values() if "delta" in e]
+        lines += [e["constant"]["sentence"] for e in summary["levels"].values() if "constant" in e]
         lines += ["", "Intervals: Wilson for accuracies; Newcombe's paired interval for the change; significant: "
                   "McNemar's exact test on the discordant pairs, p < 0.05.", ""]
         types = type_table(read_jsonl(run / "eval_before.jsonl"), read_jsonl(run / "eval_after.jsonl"))
@@ -141,6 +143,11 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: s
     before, after = (with_work(read_jsonl(run / name)) for name in ("eval_before.jsonl", "eval_after.jsonl"))
     metrics = metric_summary(before, after or None) if before else {}
     levels = accuracy_levels(metrics)
+    for level, entry in levels.items():  # a change that one answer given to every problem matches is no learning
+        mine = [r for r in after if r.get("difficulty") == level]
+        if "delta" in entry and mine and (check := against_constant([r.get("answer", "") for r in mine],
+                                                                     [bool(r["correct"]) for r in mine], level)):
+            entry["constant"] = check
     stages = [f"{st.name} ({st.task}, {st.steps} steps)" if st.name != st.task else f"{st.name} ({st.steps} steps)"
               for st in plan(cfg)]
     summary = {"model": cfg.model, "task": cfg.task, "stages": stages, "ewc_lambda": cfg.ewc_lambda,
@@ -153,5 +160,7 @@ def write_summary(run: Path, cfg, steps: int, wall: float, log=print, profile: s
         for e in levels.values():
             if "delta" in e:
                 log(e["delta"]["sentence"])
+            if "constant" in e:
+                log(e["constant"]["sentence"])
     log(f"report: {report}")
     return summary

@@ -116,6 +116,42 @@ def paired_comparison(before: Sequence[bool], after: Sequence[bool]) -> dict:
             "significant": p < 0.05}
 
 
+CONSTANT_SHARE = 0.2  # a held-out set whose most common answer covers this share gets the check below
+
+
+def against_constant(answers: Sequence[str], correct: Sequence[bool], label: str = "") -> dict | None:
+    """The model's right answers against answering every problem with the set's most common reference answer (a
+    lower bound on what that constant scores: a verifier may accept it on more), where that answer covers at least
+    CONSTANT_SHARE of the set: a significant change from a base is no evidence that a task was learned when a
+    constant does as well. None otherwise.
+
+    >>> x = against_constant(["1"] * 8 + ["2", "3"], [True] * 8 + [False, False], "letters")
+    >>> x["answer"], x["accuracy"], x["vs_model"]["diff"]
+    ('1', 0.8, 0.0)
+    >>> x["sentence"].split("; ")
+    ['letters: answering "1" to every problem scores 80.0% (8 of 10)', 'the model 80.0%, +0.0 points against it \
+(McNemar p = 1): what it gained is no more than the constant.']
+    >>> against_constant(["1", "2", "3", "4", "5", "6"], [True] * 6), against_constant([None] * 3, [True] * 3)
+    (None, None)
+    """
+    given = [str(a) for a in answers if a is not None and str(a).strip()]
+    if not given:
+        return None
+    answer, k = Counter(given).most_common(1)[0]
+    if k < CONSTANT_SHARE * len(answers):
+        return None
+    constant = [str(a) == answer for a in answers]
+    cmp = paired_comparison(constant, correct)
+    p_text = "p < 0.0001" if cmp["p_value"] < 0.0001 else f"p = {cmp['p_value']:.2g}"
+    verdict = "above it, significantly" if cmp["significant"] and cmp["diff"] > 0 else \
+        "what it gained is no more than the constant"
+    sentence = (f"{label + ': ' if label else ''}answering \"{answer}\" to every problem scores "
+                f"{100 * k / len(answers):.1f}% ({k} of {len(answers)}); the model "
+                f"{100 * sum(correct) / len(correct):.1f}%, {_points(cmp['diff'])} points against it (McNemar "
+                f"{p_text}): {verdict}.")
+    return {"answer": answer, "accuracy": k / len(answers), "vs_model": cmp, "sentence": sentence}
+
+
 def _points(x: float) -> str:
     return f"{round(x * 100, 1) + 0.0:+.1f}"  # + 0.0 turns -0.0 into 0.0
 
