@@ -5,9 +5,9 @@
 For each run: the model, the before and after accuracy on the same held-out problems (paired by id), the change
 with its 95% interval and McNemar's exact p, the run's minutes (summary.json's wall time) and peak memory (the
 largest peak RSS its step log recorded), and what one answer given to every problem would score (the held-out set's
-most common answer, where one covers a fifth or more of it: a yes/no task's majority; "-" otherwise), the bar an
-"after" must clear before it says anything about the task. tests/test_results.py recomputes the table and compares
-it with TASKS.md.
+most common answer, where one covers a fifth or more of it: stats.against_constant, as in each run's report; "-"
+otherwise), the bar an "after" must clear before it says anything about the task. tests/test_results.py recomputes
+the table and compares it with TASKS.md.
 """
 
 import gzip
@@ -30,13 +30,6 @@ def records(path: Path) -> dict[str, dict]:
         return {r["id"]: r for r in map(json.loads, f)}
 
 
-def one_answer(answers: list) -> str:
-    """The share the held-out set's most common answer covers, where it covers a fifth or more."""
-    known = [str(a) for a in answers if a not in (None, "", "None")]  # reasoning-gym: None when any answer may do
-    top = max(map(known.count, set(known)), default=0)
-    return f"{100 * top / len(answers):.1f}%" if top >= len(answers) / 5 else "-"
-
-
 def row(card: Path) -> str:
     """One table line for one run's card."""
     name, seed = re.fullmatch(r"(.+)-seed(\d+)", card.name).groups()
@@ -51,7 +44,10 @@ def row(card: Path) -> str:
     change = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
     if cmp["significant"]:
         change = f"**{change}**"
-    one = one_answer([after[i].get("answer") for i in ids])
+    # the report's check; cards written before 2026-12-04 say "None" where reasoning-gym gives no one answer
+    constant = stats.against_constant([None if after[i].get("answer") == "None" else after[i].get("answer")
+                                       for i in ids], a)
+    one = f"{100 * constant['accuracy']:.1f}%" if constant else "-"
     return (f"| {name} | {seed} | {summary['model']} | {len(ids)} | {100 * sum(b) / len(b):.1f}% | "
             f"{100 * sum(a) / len(a):.1f}% | {one} | {change} | {cmp['p_value']:.2g} | "
             f"{summary['wall_seconds'] / 60:.0f} | {peak:.1f} |")

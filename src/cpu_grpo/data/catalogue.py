@@ -100,8 +100,9 @@ def generate(spec: str, n: int, seed: int = 0, split: str = "train") -> list[Exa
         misses = 0
         seen.add(question)
         messages = ({"role": "system", "content": SYSTEM_PROMPTS["default"]}, {"role": "user", "content": question})
-        out.append(Example(question, str(entry["answer"]), name, id=f"{spec}-{split}-{len(out)}", template=name,
-                           messages=messages, math=False,
+        answer = "" if entry["answer"] is None else str(entry["answer"])  # None: any answer its verifier takes
+        out.append(Example(question, answer, name, id=f"{spec}-{split}-{len(out)}", template=name, messages=messages,
+                           math=False,
                            columns={"rg_task": spec, "rg_seed": data_seed, "rg_index": i - 1}))
     if n and not out:
         raise TaskError(f"{spec} gave no {split} rows: its generator makes too few distinct questions; widen its "
