@@ -92,7 +92,8 @@ def test_the_update_trains_only_the_tokens_the_model_wrote(tiny_model, tmp_path)
         turns = None if mask is None else [Turns(c, m) for c, m in zip(rollout.completions, mask, strict=True)]
         given = Rollout(*[getattr(rollout, f) for f in ("batch", "prompts", "completions", "texts", "truncated")],
                         turns=turns)
-        return update.backward(r, update.prepare(r, None, given, adv, cfg.max_new_tokens)).sums["loss"]
+        learner = update.Learner.of(r)
+        return update.backward(learner, update.prepare(learner, None, given, adv, cfg.max_new_tokens)).sums["loss"]
 
     plain = loss(None)
     assert plain != 0 and loss([[1, 1, 1, 1], [1, 1]]) == plain

@@ -43,8 +43,9 @@ def grads(model: str, out: Path) -> None:
         torch.manual_seed(0)
         r, _, _ = runstate.build_run(cfg, out, None, lambda *a: None, world)
         adv, _ = group_advantages(rewards, g, cfg.scale_rewards)
-        batch = update.prepare(r, None, rollout, adv, cfg.max_new_tokens)
-        upd = update.summed(r, batch, [update.backward(r, batch)])
+        learner = update.Learner.of(r)
+        batch = update.prepare(learner, None, rollout, adv, cfg.max_new_tokens)
+        upd = update.summed(learner, batch, [update.backward(learner, batch)])
         if world.main:
             torch.save({"grads": {n: p.grad.clone() for n, p in r.model.named_parameters()}, "loss": upd.sums["loss"],
                         "groups": upd.groups}, out / f"grads-{loss_type}-{world.size}.pt")

@@ -42,7 +42,7 @@ from . import checkpoint
 from .grpo import decoupled_rewards, group_advantages, max_variance
 from .rollout import Rollout, Scored, correct, gathered, sample, score
 from .runstate import Progress, Run, TrainingError, learning_rate, set_learning_rate
-from .update import Update, backward, check_update, prepare, summed
+from .update import Learner, Update, backward, check_update, prepare, summed
 
 COLLAPSE_STEPS = 5  # steps in a row in which every group's rewards were all equal, before a warning or a stop
 
@@ -154,19 +154,20 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept) and step
     start = p.step - p.stage_step  # the stage's first step
-    batch = prepare(r, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
+    learner = Learner.of(r)  # what the update works on
+    batch = prepare(learner, ref, rollout.groups(keep, g, picks), adv[rows], stage.max_new_tokens, p.micro_cap)
     set_learning_rate(r.opt, learning_rate(cfg, stage, p.step, start))
     passes = []
     for _ in range(cfg.num_iterations):
-        passes.append(backward(r, batch))
+        passes.append(backward(learner, batch))
         if not passes[-1].stepped:
             break  # a gradient that is not finite, or nothing trained: no step, and the update ends
         r.opt.step()
         if cfg.ewc_decoupled:  # EWC's pull back toward the anchors, after the step
             r.ewc.pull(r.model, cfg.ewc_lambda, r.opt.param_groups[0]["lr"])
     r.sampler.refresh()  # the new weights, for the next rollout
-    upd = summed(r, batch, passes)
-    bad = check_update(r, p, upd, r.log)
+    upd = summed(learner, batch, passes)
+    bad = check_update(p, upd, cfg.max_grad_norm, r.dir / "checkpoints", r.log)
     upd = upd._replace(groups=[keep[i] for i in upd.groups])  # as groups of the whole rollout
     lr_next = learning_rate(cfg, stage, p.step + 1, start)  # logged, as transformers' Trainer logs it
     record = _record(r, p, s, right, adv_stats, upd, dict(zip(keep, picks, strict=True)), lr_next,

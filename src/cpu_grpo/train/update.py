@@ -13,12 +13,32 @@ from typing import NamedTuple
 import torch
 
 from ..engine.batching import SharedPrompts, auto_micro_rows, group_logprobs, micro_batches
+from .distributed import World
+from .ewc import EWC
 from .grpo import grpo_loss, high_entropy, sampler_correction
 from .rollout import Rollout
 from .runstate import Progress, Run, TrainingError
 
 BAD_STEPS = 3  # updates in a row with a non-finite gradient before the run stops
 EXPLODED = 1e4  # a gradient norm (before clipping) past which an update is said to have exploded
+
+
+class Learner(NamedTuple):
+    """What an update works on, and nothing else of the run: the config, the policy and its optimizer, the
+    numerics it trains in, the ranks its gradient is summed over, the EWC anchors that pull it, and the log."""
+
+    cfg: object  # TrainConfig
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    pad: int
+    autocast: bool
+    world: World
+    ewc: EWC
+    log: object  # Callable[..., None]
+
+    @classmethod
+    def of(cls, r: Run) -> Learner:
+        return cls(r.cfg, r.model, r.opt, r.tok.pad_token_id, r.autocast, r.world, r.ewc, r.log)
 
 
 class Update(NamedTuple):
@@ -50,7 +70,7 @@ class Batch:
     fixed: dict = field(default_factory=dict)
 
 
-def prepare(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_cap: int = 0) -> Batch:
+def prepare(r: Learner, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_cap: int = 0) -> Batch:
     """The update's batch: the groups that teach something (completions of up to `limit` tokens), in micro-batches
     of at most `micro_cap` sequences (0: no cap), with their fixed log-probs."""
     cfg, g, world = r.cfg, rollout.group_size or r.cfg.num_generations, r.world
@@ -66,14 +86,14 @@ def prepare(r: Run, ref, rollout: Rollout, adv: torch.Tensor, limit: int, micro_
     return batch
 
 
-def backward(r: Run, batch: Batch) -> Update:
+def backward(r: Learner, batch: Batch) -> Update:
     """The loss's gradient over the batch's micro-batches, summed over the ranks, EWC's term, clipped: this pass's
     loss sums (this rank's), its gradient norm and whether the optimizer may step (a gradient that is finite, of a
     group some rank trained or of EWC). After running out of memory, again at half the micro-batch."""
     return _smaller_when_out_of_memory(r, batch, lambda: _gradient(r, batch))
 
 
-def summed(r: Run, batch: Batch, passes: list[Update]) -> Update:
+def summed(r: Learner, batch: Batch, passes: list[Update]) -> Update:
     """The update over its passes: loss sums averaged over num_iterations and summed over the ranks; the last
     pass's gradient norm."""
     sums = {k: sum(p.sums[k] for p in passes) / r.cfg.num_iterations for k in passes[0].sums}
@@ -83,7 +103,7 @@ def summed(r: Run, batch: Batch, passes: list[Update]) -> Update:
                   batch.micro_cap)
 
 
-def _smaller_when_out_of_memory(r: Run, batch: Batch, work):
+def _smaller_when_out_of_memory(r: Learner, batch: Batch, work):
     """work(), again with half the micro-batch each time it runs out of memory (nothing was stepped: the same
     work, smaller pieces); the smaller size holds for the rest of the run."""
     while True:
@@ -98,11 +118,11 @@ def _smaller_when_out_of_memory(r: Run, batch: Batch, work):
         batch.mb = batch.micro_cap = batch.mb // 2
 
 
-def _fixed_logprobs(r: Run, ref, batch: Batch) -> dict:
+def _fixed_logprobs(r: Learner, ref, batch: Batch) -> dict:
     """Old (num_iterations > 1) and reference (beta > 0) log-probs of this rank's groups, per micro-batch, computed
     once before the updates."""
     cfg, rollout = r.cfg, batch.rollout
-    g, pad = rollout.group_size or cfg.num_generations, r.tok.pad_token_id
+    g, pad = rollout.group_size or cfg.num_generations, r.pad
     lengths = [len(c) for c in rollout.completions]
     fixed = {}
     if cfg.num_iterations > 1 or ref is not None:
@@ -116,7 +136,7 @@ def _fixed_logprobs(r: Run, ref, batch: Batch) -> dict:
     return fixed
 
 
-def _gradient(r: Run, batch: Batch) -> Update:
+def _gradient(r: Learner, batch: Batch) -> Update:
     """backward's work at the batch's micro-batch size (never a step: the caller steps)."""
     cfg, model, rollout, adv = r.cfg, r.model, batch.rollout, batch.adv
     g, groups, mb, fixed = rollout.group_size or cfg.num_generations, batch.groups, batch.mb, batch.fixed
@@ -136,10 +156,10 @@ def _gradient(r: Run, batch: Batch) -> Update:
     if corrected:  # every rank has these sums, trained or not (summed() adds them over the ranks)
         sums |= {"is_kl_sum": 0.0, "is_far_sum": 0.0, "is_clipped_sum": 0.0}
     r.opt.zero_grad(set_to_none=True)
-    shared = SharedPrompts(model, prompts, r.tok.pad_token_id, r.autocast, cfg.gradient_checkpointing) \
+    shared = SharedPrompts(model, prompts, r.pad, r.autocast, cfg.gradient_checkpointing) \
         if SharedPrompts.fit(model, mb, g) else None  # a group in parts: its prompt runs once
     for part, samples in micro_batches(groups, g, mb, lengths):
-        logp, mask, *ent = group_logprobs(model, prompts, completions, part, g, r.tok.pad_token_id,
+        logp, mask, *ent = group_logprobs(model, prompts, completions, part, g, r.pad,
                                           cfg.temperature, r.autocast, cfg.gradient_checkpointing, samples,
                                           shared.prefix(part) if shared else None, entropy)
         rows = [i * g + j for i in part for j in samples]
@@ -173,23 +193,23 @@ def _gradient(r: Run, batch: Batch) -> Update:
     return Update(sums, float(grad_norm), True)
 
 
-def check_update(r: Run, p: Progress, upd: Update, log) -> int:
+def check_update(p: Progress, upd: Update, max_grad_norm: float, checkpoints, log) -> int:
     """A non-finite gradient skipped the update of the step after `p` (the weights are as they were): say so, and
     stop the run after BAD_STEPS such steps in a row. A finite gradient that exploded (a norm over EXPLODED that the
     EWC penalty does not explain) or vanished (exactly 0 where groups were trained, with a non-zero loss: saturated
     weights) is said in one line, since the weights may be wrecked though every number is finite. Returns the
-    updates skipped in a row, this one included."""
+    updates skipped in a row, this one included (`checkpoints`: where the last finite weights are)."""
     grad_norm, loss, trained = upd.grad_norm, upd.sums["loss"], bool(upd.groups)
     if not math.isfinite(grad_norm):
         bad = p.bad_steps + 1
         log(f"step {p.step + 1}: the gradient is not finite (loss {loss}): update skipped")
         if bad >= BAD_STEPS:
             raise TrainingError(f"the gradient was not finite in {BAD_STEPS} steps in a row: lower --learning-rate, "
-                                f"check --temperature and the rewards; the checkpoints in {r.dir / 'checkpoints'} hold "
+                                f"check --temperature and the rewards; the checkpoints in {checkpoints} hold "
                                 "the last finite weights")
         return bad
     if grad_norm > EXPLODED and upd.sums["ewc_grad_norm"] < grad_norm / 2:
-        log(f"warning: step {p.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {r.cfg.max_grad_norm}): "
+        log(f"warning: step {p.step + 1}: the gradient norm is {grad_norm:.3g} (clipped to {max_grad_norm}): "
             "the update exploded; if the rewards fall from here, lower --learning-rate")
     elif grad_norm == 0 and trained and loss != 0:
         log(f"warning: step {p.step + 1}: the gradient is exactly 0 with a loss of {loss:.3g}: the weights may be "
