@@ -1,8 +1,8 @@
 """`cpu-grpo doctor`: what this machine brings to a run, measured where it matters.
 
-The CPU and the flags that decide bf16 speed (AVX-512 BF16, AMX), physical cores, memory, torch and its threads,
-bf16 and fp32 matmul speed measured for a moment, the memory allocator training will use, the model cache, and
-the optional extras installed.
+The CPU and the flags that decide bf16 and int8 speed (AVX-512 BF16, AMX, VNNI), physical cores, memory, torch and
+its threads, bf16, fp32 and int8 matmul speed measured for a moment, the memory allocator training will use, the
+model cache, and the optional extras installed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 
 from .allocator import INSTALL, find_jemalloc
 
-FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16"}
+FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16",
+         "avx512_vnni": "AVX-512 VNNI", "avx_vnni": "AVX-VNNI", "amx_int8": "AMX INT8"}
+INT8_FLAGS = ("AVX-512 VNNI", "AVX-VNNI", "AMX INT8")  # int8 dot products in hardware
 EXTRAS = {"gradio": "app", "math_verify": "eval", "matplotlib": "eval", "tensorboard": "track", "trackio": "track",
           "wandb": "track"}  # optional module: the extra that installs it
 
@@ -47,6 +49,24 @@ def matmul_gflops(dtype, seconds: float, n: int = 1024) -> float:
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def int8_gops(seconds: float, n: int = 1024) -> float:
+    """GOP/s of n x n x n int8 matmuls with int32 sums (torch._int_mm, what int8 rollouts' kernels reach), or 0.0
+    where this torch has no CPU kernel for them."""
+    import torch
+
+    a, b = torch.randint(-127, 127, (n, n), dtype=torch.int8), torch.randint(-127, 127, (n, n), dtype=torch.int8)
+    try:
+        torch._int_mm(a, b)
+    except RuntimeError:
+        return 0.0
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        torch._int_mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e9
 
@@ -99,8 +119,9 @@ def facts(seconds: float = 2.0) -> dict:
         "memory_gb": round(mem.total / 2**30, 1), "memory_available_gb": round(mem.available / 2**30, 1),
         "python": platform.python_version(), "torch": torch.__version__, "torch_threads": threads,
         "bf16_kernels": bf16_supported(),
-        "matmul_gflops": {"bf16": round(matmul_gflops(torch.bfloat16, seconds / 2)),
-                          "fp32": round(matmul_gflops(torch.float32, seconds / 2))},
+        "matmul_gflops": {"bf16": round(matmul_gflops(torch.bfloat16, seconds / 3)),
+                          "fp32": round(matmul_gflops(torch.float32, seconds / 3)),
+                          "int8": round(int8_gops(seconds / 3))},
         "jemalloc": find_jemalloc(), "model_cache": str(cache_dir()), "models_cached": cached,
         "extras": {module: _version(module) for module in EXTRAS}, "fast_path": list(ARCHS),
     }
@@ -127,6 +148,7 @@ def advice(f: dict) -> list[str]:
         out.append(f"bf16 matmuls are not faster than fp32 here ({ratio:.1f}x): --bf16 auto (or false) trains in "
                    "fp32, faster (the demo's steps 1.8x on such a CPU), but it learned less at the one seed "
                    "measured (results/demo-dtype).")
+    out.append(int8_advice(f))
     if f["memory_available_gb"] < 8:
         out.append(f"{f['memory_available_gb']} GB of memory is free: on jemalloc the demo (SmolLM2-135M) peaks near "
                    "4.4 GiB and the 0.5B default profile near 3.6 GiB (on glibc 6.7 and 7.4-8.8 GiB).")
@@ -145,6 +167,17 @@ def advice(f: dict) -> list[str]:
     return out
 
 
+def int8_advice(f: dict) -> str:
+    """What int8 rollouts would bring here: none without int8 dot products in hardware; with them, the measured
+    end-to-end gain of the int8 sampler, too small to pay for its correction (issue 70)."""
+    rate = f["matmul_gflops"].get("int8", 0) / max(1, f["matmul_gflops"]["bf16"])
+    if not any(f["flags"].get(flag) for flag in INT8_FLAGS):
+        return "no int8 dot products here (VNNI, AMX INT8): rollouts sample in bf16 (rollout_quantization none)."
+    return (f"int8 matmuls run {rate:.1f}x bf16's rate here; int8 rollouts (rollout_quantization int8) sampled the "
+            "default job 1.13x faster than bf16 on a 2-core AMD EPYC (bench/README.md), short of what would pay for "
+            "their correction: rollouts stay in bf16 unless you choose int8.")
+
+
 def render(f: dict) -> str:
     flags = ", ".join(f"{label} {'yes' if ok else 'no'}" for label, ok in f["flags"].items())
     models = ", ".join(f["models_cached"]) or "none yet (the first run fetches its model)"
@@ -156,8 +189,8 @@ def render(f: dict) -> str:
         "threads",
         f"memory      {f['memory_gb']} GB, {f['memory_available_gb']} GB available",
         f"software    python {f['python']}, torch {f['torch']}, bf16 kernels {'yes' if f['bf16_kernels'] else 'no'}",
-        f"matmul      bf16 {f['matmul_gflops']['bf16']} GFLOP/s, fp32 {f['matmul_gflops']['fp32']} GFLOP/s "
-        "(1024^3, best over a second each)",
+        f"matmul      bf16 {f['matmul_gflops']['bf16']} GFLOP/s, fp32 {f['matmul_gflops']['fp32']} GFLOP/s, int8 "
+        f"{f['matmul_gflops']['int8']} GOP/s (1024^3, best over a third of --seconds each)",
         f"allocator   {'jemalloc (' + f['jemalloc'] + ')' if f['jemalloc'] else 'glibc (no jemalloc found)'} for "
         "cpu-grpo train",
         f"models      {f['model_cache']}: {models}",
