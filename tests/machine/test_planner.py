@@ -95,6 +95,9 @@ def test_plan_command(tiny_model, capsys):
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--eval-size", "0"]) == 0
     out = capsys.readouterr().out
     assert "a step" in out and "peak memory" in out and "GFLOP/s" in out and "; at most" in out
+    assert "rollouts    bf16 (int8 rollouts measured 1.13x" in out
+    assert main(["plan", "--model", tiny_model, "--steps", "5", "--rollout-quantization", "int8"]) == 0
+    assert "rollouts    int8 (rollout_quantization): forecast as bf16" in capsys.readouterr().out
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--completion-len", "7"]) == 0
     out = capsys.readouterr().out
     assert "completions of 7 tokens" in out and "at most" not in out

@@ -174,7 +174,7 @@ def int8_advice(f: dict) -> str:
     if not any(f["flags"].get(flag) for flag in INT8_FLAGS):
         return "no int8 dot products here (VNNI, AMX INT8): rollouts sample in bf16 (rollout_quantization none)."
     return (f"int8 matmuls run {rate:.1f}x bf16's rate here; int8 rollouts (rollout_quantization int8) sampled the "
-            "default job 1.13x faster than bf16 on a 2-core AMD EPYC (bench/README.md), short of what would pay for "
+            "default job 1.13x faster than bf16 on a 2-core AMD EPYC (docs/engine.md), short of what would pay for "
             "their correction: rollouts stay in bf16 unless you choose int8.")
 
 
