@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 67's ablation (results/task-suite/ABLATION.md): the default recipe against the code task's, one knob at a
+# Issue 67's ablation (results/ablation/PLAN.md): the default recipe against the code task's, one knob at a
 # time, on rg:basic_arithmetic; one run at a time under runs/.cpu.lock; each run's card made after it.
 # Usage: experiments/ablation.sh SEED [ARM ...]   ARM: code lr 96 nodyn (default: all four)
 # CODE=DIR runs the code of another checkout (the suite's worktree at 4faa34c).
@@ -27,6 +27,6 @@ for arm in "${arms[@]}"; do
     --seed "$seed" --threads 2 "${flags[@]}" --output-dir "$out" > "$out.log" 2>&1
   rc=$?
   echo "$(date -u +%H:%M) $arm seed $seed rc=$rc"
-  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/task-suite/ablation-$arm-seed$seed" \
+  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/ablation/$arm-seed$seed" \
     --plots accuracy.png
 done
