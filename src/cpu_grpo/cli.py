@@ -126,13 +126,10 @@ def cmd_eval(args) -> int:
 def _eval_examples(args, fmt) -> list:
     """The problems `cpu-grpo eval` scores: the --split of the task's rows (default: the held-out rows when the
     model's run trained on this task, else all), at most --n; one line says how many are rows a run trains on."""
-    from .data.catalogue import is_catalogue
-    from .data.generated import GENERATED
-    from .data.loaders import load_task
-    from .data.tasks import levels_of
+    from .data.loaders import Task, load_task
 
-    generated = levels_of(args.task) or args.task in GENERATED or is_catalogue(args.task)  # --n, 250 by default
-    rows = load_task(args.task, n=(args.n or 250) if generated else None, seed=args.seed, split=None,
+    drawn = Task.of(args.task).drawn  # rows drawn by seed: --n of them, 250 by default
+    rows = load_task(args.task, n=(args.n or 250) if drawn else None, seed=args.seed, split=None,
                      on_error="skip" if args.skip_bad_lines else "raise", fmt=fmt)
     ran_on = _trained_on(args.model, args.task)
     split = args.split or ("held-out" if ran_on else "all")
@@ -153,18 +150,18 @@ def _trained_on(model: str, task: str) -> bool:
     """Whether `model` is a checkpoint whose run trained on `task` (a stage's task or one part of a joined one)."""
     from pathlib import Path
 
-    from .data.tasks import parts_of
+    from .data.loaders import Task
 
     saved = Path(model) / "train_config.yaml"
     cfg = config_mod.load_file(saved) if saved.is_file() else {}
     specs = [cfg.get("task")] + [st.get("task") for st in cfg.get("stages") or [] if isinstance(st, dict)]
-    parts = {p for spec in specs if isinstance(spec, str) for p in parts_of(spec)}
+    parts = {p for spec in specs if isinstance(spec, str) for p in Task.of(spec).parts}
 
     def same(a: str, b: str) -> bool:
         here, there = Path(a).expanduser(), Path(b).expanduser()
         return a == b or here.exists() and here.resolve() == there.resolve()
 
-    return any(same(mine, theirs) for mine in parts_of(task) for theirs in parts)
+    return any(same(mine, theirs) for mine in Task.of(task).parts for theirs in parts)
 
 
 def _trained_with(model: str, task: str) -> dict:
@@ -172,9 +169,9 @@ def _trained_with(model: str, task: str) -> dict:
     the training defaults (with the verifier the task brings, if it brings one, as its judge)."""
     from pathlib import Path
 
-    from .data.loaders import verifier_of
+    from .data.loaders import Task
 
-    saved, verifier = Path(model) / "train_config.yaml", verifier_of(task)
+    saved, verifier = Path(model) / "train_config.yaml", Task.of(task).verifier
     mine = config_mod.load_file(saved) if saved.is_file() else {"rewards": [verifier]} if verifier else {}
     fields = ("instruction", "system_prompt", "prompt_column", "column_map", "correct_reward", "rewards",
               "reward_timeout", "bf16", "max_tool_calling_iterations")

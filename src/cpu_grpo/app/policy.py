@@ -55,10 +55,10 @@ class Policy:
         """Why a task spec may not be used: each part of a joined task is a level, a shipped dataset, a hub
         dataset named by its id (never a local path: `datasets` reads those too), or a file the page may read."""
         from ..data.generated import GENERATED
-        from ..data.loaders import DATASETS
-        from ..data.tasks import LEVELS, parts_of
+        from ..data.loaders import DATASETS, Task
+        from ..data.tasks import LEVELS
 
-        for part in parts_of(spec.strip()):
+        for part in Task.of(spec.strip()).parts:
             if not part or part in (*LEVELS, "mix", *DATASETS, *GENERATED) or part.startswith("rg:"):
                 continue
             if part.startswith("hf:"):

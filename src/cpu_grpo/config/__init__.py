@@ -292,9 +292,9 @@ def build(profile: str | None = None, file: str | None = None, overrides: dict |
         values.pop("stages", None)
     values.update(mine)
     if "rewards" not in mine and isinstance(values.get("task"), str) and not values.get("stages"):
-        from ..data.loaders import verifier_of
+        from ..data.loaders import Task
 
-        if verifier := verifier_of(values["task"]):  # a task that brings its verifier: its reward and judge
+        if verifier := Task.of(values["task"]).verifier:  # a task that brings its verifier: its reward and judge
             values.update(rewards=[verifier], reward_weights=[1.0])
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..data.tasks import parts_of
 from ..errors import ConfigError
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -143,12 +142,14 @@ def plan(cfg) -> list[Stage]:
 def _resolve(cfg, spec: dict, limits: dict[str, int]) -> Stage:
     """One stage's every setting: its own, else the run's. Its evaluation limit is its held-out sets' (the largest
     of them where it joins several), else its own max_new_tokens, else the run's eval_max_new_tokens."""
+    from ..data.loaders import Task  # the data wing on demand: `cpu-grpo --help` starts without it
+
     own_eval = spec.get("max_new_tokens") or cfg.eval_max_new_tokens
     return Stage(
         name=spec["name"], task=spec["task"], steps=spec["steps"], promote_at=spec.get("promote_at", 0.0),
         learning_rate=spec.get("learning_rate") or cfg.learning_rate,
         max_new_tokens=spec.get("max_new_tokens") or cfg.max_new_tokens,
-        eval_max_new_tokens=max(limits.get(t, own_eval) for t in parts_of(spec["task"])),
+        eval_max_new_tokens=max(limits.get(t, own_eval) for t in Task.of(spec["task"]).parts),
         lr_scheduler=spec.get("lr_scheduler") or cfg.lr_scheduler, lr_over_stage=bool(spec.get("lr_scheduler")),
         prioritized_sampling=spec.get("prioritized_sampling", cfg.prioritized_sampling),
         dynamic_sampling_keep=spec.get("dynamic_sampling_keep") or cfg.dynamic_sampling_keep,
@@ -159,8 +160,10 @@ def eval_limits(cfg) -> dict[str, int]:
     """Each held-out set's completion limit (each held-out stage's task, or its levels where it joins them; then
     eval_task's entries): the largest max_new_tokens of the stages that set one and train on it, else
     eval_max_new_tokens."""
+    from ..data.loaders import Task
+
     own: dict[str, int] = {}
     for s in (s for s in _specs(cfg) if s.get("held_out", True)):
-        own.update({t: max(own.get(t, 0), s.get("max_new_tokens", 0)) for t in parts_of(s["task"])})
+        own.update({t: max(own.get(t, 0), s.get("max_new_tokens", 0)) for t in Task.of(s["task"]).parts})
     tasks = list(own) + [x.strip() for x in cfg.eval_task.split(",") if x.strip()]
     return {t: own.get(t) or cfg.eval_max_new_tokens for t in dict.fromkeys(tasks)}

@@ -9,6 +9,7 @@ own test split when it has one, so a held-out row is never trained on; the shipp
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -186,6 +187,39 @@ def load_jsonl(path: str | Path, on_error: str = "raise", limit: int | None = No
     return load_file(str(path), None, limit, on_error=on_error, name=name)
 
 
+VERIFIERS = {"countdown": "countdown", "code": "code"}  # a generated task -> the builtin reward that verifies it
+
+
+@dataclass(frozen=True)
+class Task:
+    """A --task value, read once (`Task.of`), with what every part of the tool asks of it: the tasks it joins in
+    equal shares (`parts`), the levels it draws from (`levels`), whether its rows are drawn by seed (`drawn`: the
+    levels, countdown, code and reasoning-gym tasks, --n of them, each split its own draw) rather than read from
+    data, and the reward it brings as its default reward and judge (`verifier`: countdown's, code's,
+    reasoning-gym's; None for the math levels, GSM8K and data of your own).
+
+    >>> Task.of("rg:chain_sum+rg:basic_arithmetic").verifier, Task.of("basic+intermediate").levels
+    ('reasoning_gym', ('basic', 'intermediate'))
+    >>> Task.of("countdown").drawn, Task.of("gsm8k").drawn, Task.of("basic").verifier
+    (True, False, None)
+    """
+
+    spec: str
+    parts: tuple[str, ...]
+    levels: tuple[str, ...]
+    drawn: bool
+    verifier: str | None
+
+    @staticmethod
+    @functools.cache
+    def of(spec: str) -> Task:
+        parts, levels = parts_of(spec), levels_of(spec)
+        kinds = {"reasoning_gym" if catalogue.is_catalogue(p) else VERIFIERS.get(p) for p in parts}
+        drawn = bool(levels) or spec in GENERATED or catalogue.is_catalogue(spec)
+        return Task(spec, tuple(parts), tuple(levels), drawn, kinds.pop() if len(kinds) == 1 and None not in kinds
+                    else None)
+
+
 def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None = "train",
               on_error: str = "raise", fmt: RowFormat = RowFormat()) -> list[Example]:
     """Problems named by `spec`: a level, "mix", a generated task (countdown, code), a reasoning-gym task
@@ -199,12 +233,13 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     the whole file (`cpu-grpo eval`). Files give their first `n` examples of the split, in order. Joined tasks give
     `n` (500 when None) in equal shares, interleaved ("advanced+gsm8k": an advanced problem, a GSM8K one, ...).
     """
-    if levels_of(spec) or spec in GENERATED or catalogue.is_catalogue(spec):  # drawn apart by seed and split: a
-        make = generate if levels_of(spec) else catalogue.generate if catalogue.is_catalogue(spec) else generate_task
-        made = make(spec, 500 if n is None else n, seed, split or "test")  # test problem is never trained on
+    task = Task.of(spec)
+    if task.drawn:  # drawn apart by seed and split: a test problem is never trained on
+        make = generate if task.levels else catalogue.generate if catalogue.is_catalogue(spec) else generate_task
+        made = make(spec, 500 if n is None else n, seed, split or "test")
         return [replace(ex, split=split or "test") for ex in made]
-    if len(parts := parts_of(spec)) > 1:  # levels and the shipped GSM8K
-        return in_equal_shares(parts, 500 if n is None else n,
+    if len(task.parts) > 1:  # levels and the shipped GSM8K
+        return in_equal_shares(list(task.parts), 500 if n is None else n,
                                lambda part, k: load_task(part, k, seed, split, on_error, fmt))
     if spec in DATASETS:
         file = DATASETS[spec][split]
@@ -213,17 +248,3 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
     if spec.startswith("hf:") or files.is_file_spec(spec):
         return load_file(spec, split, n, fmt, on_error)
     raise TaskError(UNKNOWN.format(spec))
-
-
-VERIFIERS = {"countdown": "countdown", "code": "code"}  # a generated task -> the builtin reward that verifies it
-
-
-def verifier_of(spec: str) -> str | None:
-    """The reward a task brings as its default reward and judge (countdown's, code's, reasoning-gym's); None for
-    the math levels, GSM8K and data of your own.
-
-    >>> verifier_of("countdown"), verifier_of("rg:chain_sum+rg:basic_arithmetic"), verifier_of("basic")
-    ('countdown', 'reasoning_gym', None)
-    """
-    kinds = {"reasoning_gym" if catalogue.is_catalogue(p) else VERIFIERS.get(p) for p in parts_of(spec)}
-    return kinds.pop() if len(kinds) == 1 and None not in kinds else None

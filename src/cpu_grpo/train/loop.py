@@ -22,7 +22,8 @@ import torch
 from .. import rundir
 from ..config import TrainConfig, describe, save
 from ..config.stages import plan
-from ..data import rewards, tasks
+from ..data import rewards
+from ..data.loaders import Task
 from ..engine.threads import set_threads
 from ..eval import report
 from ..machine import allocator, planner
@@ -140,8 +141,8 @@ def _train(cfg: TrainConfig, world, run_dir: Path, ckpt: Path | None, t_start: f
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     fns = [rewards.load_reward(spec, cfg.max_new_tokens) for spec in cfg.rewards]  # a bad reward (each stage loads
-    for part in dict.fromkeys(p for st in stages for p in tasks.parts_of(st.task)):  # its own), bad training data,
-        data = curriculum.load(cfg, part, 16 if tasks.levels_of(part) else cfg.train_size, cfg.seed, "train")
+    for part in dict.fromkeys(p for st in stages for p in Task.of(st.task).parts):  # its own), bad training data,
+        data = curriculum.load(cfg, part, 16 if Task.of(part).levels else cfg.train_size, cfg.seed, "train")
         rewards.check_columns(fns, data, part, ["environments"] if cfg.environment else [])  # now, not at step 1
     if line := rewards.sandbox_for(fns, cfg.allow_unisolated_code):  # model code: sandboxed, or refused here
         log(line)
