@@ -6,7 +6,10 @@ calculator's call, from GSM8K's own calculator annotations, and the same solutio
 
 GSM8K's training solutions mark each calculation (`48/2 = <<48/2=24>>24`). Arm `calculator` turns each mark into a
 call: the text before it, a call of the calculator with its expression, the tool's result, and the text after it
-(which opens with the result); arm `text` is the same solution with the marks removed, word for word what the
+(which opens with the result). The call is JSON in a code fence, the form this model writes when offered tools
+(data/tools.py reads it): taught in its template's `<tool_call>` tags (2026-12-05, first try), the model wrote the
+JSON right and a junk token (`ﱐ`, `柳`) where each tag goes, 0 of 32 calls read: in this coder model the tags are
+tokens its training hardly saw. arm `text` is the same solution with the marks removed, word for word what the
 calculator arm writes. Both end in `\\boxed{answer}`. The first N training problems whose every mark the
 calculator reproduces, with 1-4 marks and at most 256 completion tokens, are the demonstrations of both arms.
 The default profile's LoRA is trained on the model's tokens only (tools' results and the template masked), one
@@ -17,6 +20,7 @@ problems x 4 samples at the profile's temperature: rows that call the calculator
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from fractions import Fraction
@@ -54,8 +58,8 @@ def worked(solution: str, answer: str, arm: str) -> list[dict] | None:
                 return None
         except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
             return None
-        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": m.group(1)}}}
-        turns += [{"role": "assistant", "content": body[start:m.start()].strip(), "tool_calls": [call]},
+        call = json.dumps({"name": "calculator", "arguments": {"expression": m.group(1)}})
+        turns += [{"role": "assistant", "content": f"{body[start:m.start()].strip()}\n```json\n{call}\n```"},
                   {"role": "tool", "content": result}]
         start = m.end()
     end = f"{body[start:].strip()}\n\\boxed{{{answer}}}"
