@@ -85,6 +85,21 @@ def mismatch(run, prompts, comps, logps, g: int) -> dict:
     return {"kl": statistics.mean(diffs), "far": sum(abs(d) > math.log(3) for d in diffs) / len(diffs)}
 
 
+def policy(output_dir: str, lora_std: float):
+    """The default profile's config and run, its LoRA B drawn at random (std `lora_std`, seed 0) so that the adapter
+    changes the logits as a trained one does, the sampler refreshed with it."""
+    from cpu_grpo.train import runstate
+
+    cfg = config.build("default", None, {"output_dir": output_dir, "learning_rate": 1e-9})
+    run, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
+    torch.manual_seed(0)
+    for name, p in run.model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, lora_std)
+    run.sampler.refresh()
+    return cfg, run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", nargs="+", default=["8x8x256"], help="prompts x samples x new tokens")
@@ -92,15 +107,7 @@ def main() -> None:
     ap.add_argument("--lora-std", type=float, default=0.002, help="the spread of the random LoRA B")
     args = ap.parse_args()
     threads = set_threads()
-    from cpu_grpo.train import runstate
-
-    cfg = config.build("default", None, {"output_dir": "/tmp/bench-llamacpp", "learning_rate": 1e-9})
-    run, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
-    torch.manual_seed(0)
-    for name, p in run.model.named_parameters():
-        if "lora_B" in name:
-            p.data.normal_(0, args.lora_std)
-    run.sampler.refresh()
+    cfg, run = policy("/tmp/bench-llamacpp", args.lora_std)
     from cpu_grpo.engine.models import resolve_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))

@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llamacpp_rollout import mismatch  # noqa: E402  (the same measure as candidate b's)
+from llamacpp_rollout import mismatch, policy  # noqa: E402  (the same policy and measure as candidate b's)
 
-from cpu_grpo import config  # noqa: E402
 from cpu_grpo.data import loaders  # noqa: E402
 from cpu_grpo.engine.prompts import encode_prompts  # noqa: E402
 from cpu_grpo.engine.threads import set_threads  # noqa: E402
@@ -102,15 +101,7 @@ def main() -> None:
                     help="the OpenVINO ways (each export stays in memory: three of them passed 24 GB)")
     args = ap.parse_args()
     threads = set_threads()
-    from cpu_grpo.train import runstate
-
-    cfg = config.build("default", None, {"output_dir": "/tmp/bench-openvino", "learning_rate": 1e-9})
-    run, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
-    torch.manual_seed(0)
-    for name, p in run.model.named_parameters():
-        if "lora_B" in name:
-            p.data.normal_(0, args.lora_std)
-    run.sampler.refresh()
+    cfg, run = policy("/tmp/bench-openvino", args.lora_std)
     work = Path(tempfile.mkdtemp(prefix="bench-openvino-"))
     b, g, new = map(int, args.cell.split("x"))
     problems = loaders.load_task("gsm8k", split="test")

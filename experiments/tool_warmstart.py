@@ -74,7 +74,8 @@ def tokens(tok, chat: list[dict], tools: list[dict]) -> tuple[list[int], list[in
         text = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=open_turn)
         return tok(text, add_special_tokens=False)["input_ids"]
 
-    full, mask = ids(chat, False), [0] * len(ids(chat, False))
+    full = ids(chat, False)
+    mask = [0] * len(full)
     for k, m in enumerate(chat):
         if m["role"] == "assistant":
             start, end = len(ids(chat[:k], True)), len(ids(chat[:k + 1], False))
@@ -106,9 +107,9 @@ def main() -> None:
         if turns is None:
             continue
         chat = [{"role": "system", "content": SYSTEM[args.arm]}, {"role": "user", "content": ex.question}]
-        ids, mask = tokens(run.tok, chat + (turns if args.arm == "calculator" else
-                                            worked(ex.solution, ex.answer, "text")), tools)
-        _, with_calls = tokens(run.tok, chat + turns, schemas([calculator]))
+        with_calls, _ = calls = tokens(run.tok, chat + turns, schemas([calculator]))  # both arms: these problems
+        ids, mask = calls if args.arm == "calculator" else tokens(run.tok, chat + worked(ex.solution, ex.answer,
+                                                                                           "text"), tools)
         if len(with_calls) - len(agent.prompt_ids(run.tok, chat, schemas([calculator]))) <= BUDGET:
             demos.append((i, ids, mask))
         if len(demos) == args.n:
