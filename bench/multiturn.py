@@ -2,6 +2,8 @@
 
     flock runs/.cpu.lock .venv/bin/python bench/multiturn.py          # alone on the CPU
     .venv/bin/python bench/multiturn.py --cells 8x8x256 --reps 2
+    .venv/bin/python bench/multiturn.py --model runs/agent-gsm8k-warm-calculator --instruction "" \
+        --system-prompt "$(PYTHONPATH=experiments .venv/bin/python -c 'from tool_warmstart import SYSTEM; print(SYSTEM["calculator"])')"
 
 The default profile's model and sampler (Qwen2.5-Coder-0.5B-Instruct, LoRA sampled unmerged, bf16) on GSM8K test
 problems, G samples each, at the profile's temperature, with a system turn that asks for the calculator (SYSTEM), in
@@ -67,13 +69,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--max-calls", type=int, default=5)
     ap.add_argument("--system-prompt", default=SYSTEM, help="the system turn of every mode ('' for none)")
+    ap.add_argument("--model", help="a model directory in place of the profile's (e.g. a warm start that calls tools)")
+    ap.add_argument("--instruction", help="the line after each problem in place of the profile's ('' for none)")
     args = ap.parse_args()
     threads = set_threads()
     keep_freed_memory()
     from cpu_grpo.train import runstate
 
+    given = {"model": args.model, "instruction": args.instruction}
     cfg = config.build("default", None, {"output_dir": "/tmp/bench-multiturn", "learning_rate": 1e-9,
-                                         "system_prompt": args.system_prompt})
+                                         "system_prompt": args.system_prompt,
+                                         **{k: v for k, v in given.items() if v is not None}})
     run, *_ = runstate.build_run(cfg, Path(cfg.output_dir), None, lambda *a: None)
     problems = loaders.load_task("gsm8k", split="test")
     print(f"threads {threads}; {cfg.model}, LoRA r {cfg.lora_r}, sampled {run.sampler.dtype} "

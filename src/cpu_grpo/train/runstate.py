@@ -123,10 +123,11 @@ class Progress:
                    all_equal_steps=state.get("all_equal_steps", 0))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """What the loop works with (its progress travels apart, as a Progress); no global state, so a process can hold
-    several (tests) or one per rank. Built once by build_run; only the EWC anchors grow as stages end."""
+    several (tests) or one per rank. Built once by build_run, never reassigned; only the EWC anchors grow as stages
+    end."""
 
     cfg: TrainConfig
     dir: Path
@@ -201,18 +202,17 @@ def build_run(cfg: TrainConfig, run_dir: Path, ckpt: Path | None, log, world: Wo
     sampler = Sampler(model, dtype=torch.bfloat16 if autocast else torch.float32,
                       copy=cfg.use_lora and cfg.lora_rollout == "merged", int8=cfg.rollout_quantization == "int8")
     gen = torch.Generator().manual_seed(cfg.seed + RANK_SEED * world.rank)
+    anchors = ckpt is not None and (ckpt / ewc.EWC_FILE).exists()
     run = Run(cfg, run_dir, model, tok, sampler, opt, gen, stop_ids(tok, model), autocast, log, world, commit=commit,
               tools=offered_tools(cfg.tools, cfg.model, tok),
               environments=offered_environments(cfg.environment, cfg.model, tok, cfg.rewards),
-              **({"saved": saved} if saved else {}))
+              ewc=ewc.EWC.load(ckpt / ewc.EWC_FILE) if anchors else ewc.EWC(), **({"saved": saved} if saved else {}))
     progress = Progress()
     if ckpt is not None:
         state = checkpoint.load_state(ckpt)
         opt.load_state_dict(state["optimizer"])  # a checkpoint's "scheduler" (before 2026-12-04) is not needed
         _restore_rng(run, state)
         progress = Progress.restored(state, run_dir)
-        if (ckpt / ewc.EWC_FILE).exists():
-            run.ewc = ewc.EWC.load(ckpt / ewc.EWC_FILE)
         log(f"resumed from {ckpt} at step {progress.step} (stage {progress.stage_index + 1}, step "
             f"{progress.stage_step} in it)")
     # records of steps after the checkpoint (all of them before a first one) are logged again as the steps rerun;
