@@ -3,7 +3,7 @@
     flock runs/.cpu.lock .venv/bin/python bench/multiturn.py          # alone on the CPU
     .venv/bin/python bench/multiturn.py --cells 8x8x256 --reps 2
     .venv/bin/python bench/multiturn.py --model runs/agent-gsm8k-warm-calculator --instruction "" \
-        --system-prompt "$(PYTHONPATH=experiments .venv/bin/python -c 'from tool_warmstart import SYSTEM; print(SYSTEM["calculator"])')"
+        --system-prompt "TEXT"   # a warm start that calls tools; TEXT: experiments/tool_warmstart.py's SYSTEM
 
 The default profile's model and sampler (Qwen2.5-Coder-0.5B-Instruct, LoRA sampled unmerged, bf16) on GSM8K test
 problems, G samples each, at the profile's temperature, with a system turn that asks for the calculator (SYSTEM), in

@@ -166,7 +166,7 @@ def test_sampled_accuracy_is_judged_as_the_evaluations_judge():
     number in a code completion says nothing), math rows by their answer; with correct_reward, every row by it."""
     import torch
 
-    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.data.example import Example
     from cpu_grpo.train.rollout import Rollout, Scored, correct
 
     code = Example("Write `f(x)`", "f with {'k': 8}", "code", id="c", columns={"tests": "check(f(1), 8)"}, math=False)

@@ -378,7 +378,7 @@ def test_a_step_whose_reward_hangs_ends_within_its_time_limit(slow_file):
     import time
 
     from cpu_grpo.config import build
-    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.data.example import Example
     from cpu_grpo.train.rollout import Rollout, score
 
     cfg = build(None, None, {"rewards": f"{slow_file}:hang_reward,format", "reward_weights": "1,0.5",
@@ -430,7 +430,7 @@ def test_an_evaluation_judge_has_the_runs_time_limit(slow_file):
     """The reward that decides "correct" in an evaluation is cut at the run's reward_timeout too (it was unlimited)."""
     import time
 
-    from cpu_grpo.data.tasks import Example
+    from cpu_grpo.data.example import Example
     from cpu_grpo.eval.evaluate import Judge
 
     judge = Judge.of([f"{slow_file}:hang_reward"], time_limit=0.3)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cpu_grpo.data import tasks
+from cpu_grpo.data.example import Example
 from cpu_grpo.data.loaders import load_task
-from cpu_grpo.data.tasks import LEVELS, Example, TaskError, canonical_number, generate
+from cpu_grpo.data.tasks import LEVELS, TaskError, canonical_number, generate
 
 ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
 STEPS = {"basic": (1, 1), "intermediate": (2, 3), "advanced": (4, 99)}  # annotations per solution

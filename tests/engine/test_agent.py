@@ -8,7 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from cpu_grpo import config
-from cpu_grpo.data import tasks
+from cpu_grpo.data import example
 from cpu_grpo.data.tools import calculator
 from cpu_grpo.engine.agent import Turns, sample_with_tools, tool_suffix_ids
 from cpu_grpo.engine.conversation import in_rounds
@@ -80,7 +80,7 @@ def test_a_conversation_calls_a_tool_reads_its_result_and_answers(tiny_model):
 def test_the_update_trains_only_the_tokens_the_model_wrote(tiny_model, tmp_path):
     """The same rollout with every token marked the model's trains as without a mask; with none marked, nothing."""
     g = 2
-    batch = [tasks.Example("question 0", "1", "basic", id="q0")]
+    batch = [example.Example("question 0", "1", "basic", id="q0")]
     rollout = Rollout(batch, [[5, 6, 7]], [[8, 9, 10, 11], [12, 13]], ["", ""], [False, False])
     adv = torch.tensor([1.0, -1.0])
     cfg = config.build(None, None, dict(model=tiny_model, learning_rate=1e-30, max_grad_norm=0, num_generations=g,

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cpu_grpo import config
-from cpu_grpo.data import tasks
+from cpu_grpo.data import example
 from cpu_grpo.data.environments import EnvError, load_environments, methods
 from cpu_grpo.engine.agent import sample_with_tools
 from cpu_grpo.engine.conversation import in_rounds
@@ -67,8 +67,8 @@ def game_file(where) -> str:
     return str(path)
 
 
-def rows(n: int, **columns) -> list[tasks.Example]:
-    return [tasks.Example("Guess the word.", "", "game", id=f"r{i}", math=False,
+def rows(n: int, **columns) -> list[example.Example]:
+    return [example.Example("Guess the word.", "", "game", id=f"r{i}", math=False,
                           columns={k: v[i % len(v)] for k, v in columns.items()}) for i in range(n)]
 
 

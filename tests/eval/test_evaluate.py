@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cpu_grpo.data.tasks import Example
+from cpu_grpo.data.example import Example
 from cpu_grpo.engine.sampler import Sampling
 from cpu_grpo.eval import evaluate
 from cpu_grpo.rundir import read_jsonl

@@ -174,7 +174,7 @@ def test_the_accuracy_check_judges_rows_of_your_own_task_by_their_correct_reward
 
 
 def test_the_instruction_travels_only_where_the_run_appended_it(tmp_path):
-    """The run appends its instruction to math questions only (tasks.Example.chat): a code run's export is asked,
+    """The run appends its instruction to math questions only (example.Example.chat): a code run's export is asked,
     checked and templated without it, a math run's with it."""
     from cpu_grpo.export.source import Source
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from cpu_grpo import config
-from cpu_grpo.data import tasks
+from cpu_grpo.data import example
 from cpu_grpo.train import distributed, runstate, update
 from cpu_grpo.train import loop as train_mod
 from cpu_grpo.train.grpo import group_advantages
@@ -34,7 +34,7 @@ def grads(model: str, out: Path) -> None:
     completions = [tokens(int(n)) for n in torch.randint(1, 10, (b * g,), generator=gen)]
     rewards = torch.rand(b * g, generator=gen)
     rewards[g:2 * g] = 0.5  # one all-equal group: skipped on its rank
-    batch = [tasks.Example(f"question {i}", "1", "basic", id=f"q{i}") for i in range(b)]
+    batch = [example.Example(f"question {i}", "1", "basic", id=f"q{i}") for i in range(b)]
     rollout = Rollout(batch, prompts, completions, [""] * (b * g), [False] * (b * g))
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         cfg = config.build(None, None, dict(model=model, loss_type=loss_type, learning_rate=1e-30, max_grad_norm=0,

@@ -190,8 +190,8 @@ def test_out_of_memory_retries_the_update_at_half_the_micro_batch(tiny_model, tm
 
 
 def test_truncated_completions_earn_no_credit_unless_asked():
+    from cpu_grpo.data.example import Example
     from cpu_grpo.data.rewards import RewardError, correctness_reward, format_reward, load_reward
-    from cpu_grpo.data.tasks import Example
     from cpu_grpo.train.rollout import Rollout, score
 
     batch = [Example("Elif has 42 lollipops and buys 28. How many?", "70", "basic")]

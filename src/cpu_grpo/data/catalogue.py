@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .answers import completion_text
-from .tasks import Example, TaskError, split_of
+from .example import Example
+from .tasks import TaskError, split_of
 
 PREFIX = "rg:"
 INSTALL = "pip install 'cpu-grpo[rg]' (or pip install reasoning-gym)"

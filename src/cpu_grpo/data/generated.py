@@ -12,7 +12,8 @@ import random
 import zlib
 from collections.abc import Callable
 
-from .tasks import Example, TaskError, split_of
+from .example import Example
+from .tasks import TaskError, split_of
 
 COUNTDOWN_PROMPT = ("Using the numbers {nums}, create an equation that equals {target}. You can use +, -, * and / and "
                     "each number exactly once. Think it through, then give the equation in <answer> </answer> tags, "

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from . import catalogue, files
 from .answers import gold_number
+from .example import Example
 from .generated import GENERATED, generate_task
 from .tasks import (
     UNKNOWN,
-    Example,
     TaskError,
     canonical_number,
     generate,

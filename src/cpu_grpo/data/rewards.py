@@ -312,7 +312,7 @@ def as_completions(texts: Sequence[str], examples: Sequence, g: int = 1) -> list
     """The completions a reward function gets, as TRL passes them: the text for a text prompt, one assistant
     message for a chat prompt (`completion[0]["content"]`); `g` completions of each example in turn.
 
-    >>> from cpu_grpo.data.tasks import Example
+    >>> from cpu_grpo.data.example import Example
     >>> chat = Example("Hi?", None, "mine", messages=({"role": "user", "content": "Hi?"},))
     >>> as_completions(["Hello", "Yo"], [chat, Example("2+2?", "4", "basic")])
     [[{'role': 'assistant', 'content': 'Hello'}], 'Yo']

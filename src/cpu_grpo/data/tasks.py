@@ -1,4 +1,5 @@
-"""Math word problems: a seeded generator at three levels, and loaders for GSM8K-style data.
+"""Math word problems (rows of data/example.py): a seeded generator at three levels, and loaders for GSM8K-style
+data; the grammar of a task spec (levels and parts joined with '+').
 
 Each generated solution's ``<<expr=value>>`` annotations are recomputed with exact fractions and the
 last one checked against an answer computed separately, so a gold answer is never wrong. Train and
@@ -16,10 +17,10 @@ import operator
 import random
 import re
 import zlib
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..errors import UserError
+from .example import Example
 
 LEVELS = ("basic", "intermediate", "advanced")
 SPLITS = ("train", "test")
@@ -50,32 +51,6 @@ def levels_of(spec: str) -> list[str]:
 
 class TaskError(UserError):
     """A problem the user caused (bad level, path, data line); the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Example:
-    """One problem. Math problems (the generated levels, GSM8K-format rows) have a numeric answer, are asked with
-    the run's instruction appended and get the math metrics; a row of your own (`math=False`) is asked as its
-    prompt says, and its columns reach the reward functions by name."""
-
-    question: str  # the prompt's text (chat prompts: their messages' contents, one per line)
-    answer: str  # math: the canonical number ("18", "3.5", "-4"); a row of your own: its `answer` column, or ""
-    difficulty: str  # "basic" | "intermediate" | "advanced" | "gsm8k" | the row's level column | the task's name
-    solution: str = ""  # GSM8K style: "16 - 3 = <<16-3=13>>13" lines, then "#### 13"
-    id: str = ""  # "basic-train-17", "test.jsonl:42"
-    template: str = ""  # the generator's problem type (template_name), "" for problems from files
-    messages: tuple = ()  # a chat prompt (TRL's conversational format); empty: `question` is the user turn
-    columns: dict = field(default_factory=dict, compare=False, hash=False)  # the row's other columns
-    math: bool = True  # numeric answer, math metrics, the instruction appended
-    split: str = ""  # "train": a run on its task trains on it (or on its twin); "test": held out; "": not known
-
-    def chat(self, instruction: str = "", system: str = "") -> list[dict]:
-        """The prompt as chat messages: a system turn when given (and the prompt has none), then the row's own
-        messages, or the question as the user turn (with `instruction` appended for math problems)."""
-        turns = list(self.messages) or [{"role": "user", "content": f"{self.question}\n{instruction}".strip()
-                                         if instruction and self.math else self.question}]
-        has_system = any(t.get("role") == "system" for t in turns)
-        return ([{"role": "system", "content": system}] if system and not has_system else []) + turns
 
 
 def canonical_number(x: float | int | Fraction) -> str:

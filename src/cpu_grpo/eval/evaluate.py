@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import answers, rewards, tasks, verifiers
+from ..data import answers, example, rewards, tasks, verifiers
 from ..engine.progress import ProgressLines
 from . import metrics, stats
 
@@ -48,7 +48,7 @@ class Judge:
 
         return cls(load_reward(correct_reward or rewards[0], max_new_tokens), bool(correct_reward), time_limit)
 
-    def by_reward(self, ex: tasks.Example) -> bool:
+    def by_reward(self, ex: example.Example) -> bool:
         return self.everywhere or not ex.math
 
     def verdicts(self, examples: list, texts: list, judged: list[float]) -> list[bool]:
@@ -154,7 +154,7 @@ def run_eval(sampler, tok, examples, instruction: str, sampling, out_path: Path 
     return [by_id[ex.id] for ex in examples if ex.id in by_id]
 
 
-def _record(ex: tasks.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,
+def _record(ex: example.Example, text: str, ids: list[int], right: bool | None, sampling, use_mv: bool,
             judge: str = "") -> dict:
     kind = {"template": ex.template} if ex.template else {}
     kind |= {"split": ex.split} if ex.split else {}  # "train": a row a run on its task trains on
@@ -182,7 +182,7 @@ def _kept(out_path: Path | None, examples: list, log) -> dict[str, dict]:
     return kept
 
 
-def sampled_record(ex: tasks.Example, texts: list[str], judged: list | None = None) -> dict:
+def sampled_record(ex: example.Example, texts: list[str], judged: list | None = None) -> dict:
     """One problem's k sampled completions: answers, which are right, pass@1..k and the majority vote.
 
     Math votes are answers as canonical numbers ("18.0" and "$18" are one vote), None answers do not vote; rows

@@ -2,7 +2,7 @@
 
 A run directory means its newest checkpoint that loads (train.checkpoint.latest_good); a checkpoint directory
 (runs/<name>/checkpoints/step-NNNNNN) means itself. The run's train_config.yaml, saved in every checkpoint, holds
-the instruction appended to each math question (tasks.Example.chat): the prompt shape the model learned.
+the instruction appended to each math question (example.Example.chat): the prompt shape the model learned.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Source:
 
     @functools.cached_property
     def instruction(self) -> str:
-        """The instruction the run appended to each question: to math problems only (tasks.Example.chat), so that a
+        """The instruction the run appended to each question: to math problems only (example.Example.chat), so that a
         run of another task (code, countdown, your own rows judged by a reward) asked without it, and so does its
         export."""
         text = str(self.cfg.get("instruction", config_mod.TrainConfig.instruction))

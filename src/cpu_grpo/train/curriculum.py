@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from ..config import TrainConfig
 from ..config.stages import Stage, eval_limits
-from ..data import loaders, tasks
+from ..data import example, loaders
 
 
-def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[tasks.Example]:
+def load(cfg: TrainConfig, spec: str, n: int, seed: int, split: str) -> list[example.Example]:
     return loaders.load_task(spec, n=n, seed=seed, split=split, on_error="skip" if cfg.skip_bad_lines else "raise",
                              fmt=loaders.RowFormat.parse(cfg.prompt_column, cfg.column_map))
 
@@ -22,7 +22,7 @@ class HeldOut:
     """One held-out set and the completion limit it is evaluated with, before training and after each stage."""
 
     task: str
-    examples: list[tasks.Example]
+    examples: list[example.Example]
     max_new_tokens: int
 
 
@@ -35,7 +35,7 @@ class TypePriority:
 
     FLOOR = 0.2
 
-    def __init__(self, data: list[tasks.Example], order: list[int], seed: int):
+    def __init__(self, data: list[example.Example], order: list[int], seed: int):
         self.data, self.seed = data, seed
         self.by_type: dict[str, list[int]] = {}
         for i in order:
@@ -45,14 +45,14 @@ class TypePriority:
         samples, right = counts.get(template, (0, 0))
         return max(1 - (right + 1) / (samples + 2), self.FLOOR)
 
-    def draw(self, pos: int, n: int, counts: dict[str, list[int]]) -> list[tasks.Example]:
+    def draw(self, pos: int, n: int, counts: dict[str, list[int]]) -> list[example.Example]:
         rng = random.Random(f"{self.seed}:{pos}")
         types = list(self.by_type)
         picked = rng.choices(types, [self.weight(counts, t) for t in types], k=n)
         return [self.data[self.by_type[t][rng.randrange(len(self.by_type[t]))]] for t in picked]
 
     @staticmethod
-    def count(counts: dict[str, list[int]], batch: list[tasks.Example], first_reward: list[float]) -> dict:
+    def count(counts: dict[str, list[int]], batch: list[example.Example], first_reward: list[float]) -> dict:
         """`counts` (template -> [samples, right]) with a step's groups added, as a new dict; right: the first reward
         is above 0."""
         g, out = len(first_reward) // len(batch), {t: list(c) for t, c in counts.items()}
@@ -73,7 +73,7 @@ def held_out(cfg: TrainConfig) -> list[HeldOut]:
             for task, limit in eval_limits(cfg).items()]
 
 
-def validation(cfg: TrainConfig, stage: Stage) -> list[tasks.Example]:
+def validation(cfg: TrainConfig, stage: Stage) -> list[example.Example]:
     """Problems for promotion checks: the ones right after the held-out set in the same sequence (disjoint)."""
     n = cfg.eval_size + cfg.promote_size
     return load(cfg, stage.task, n, cfg.seed + 1, "test")[cfg.eval_size:]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import TrainConfig
-from ..data import rewards, tasks
+from ..data import example, rewards
 from ..data.environments import Environments, episodes
 from ..engine import agent
 from ..engine.agent import Turns
@@ -24,7 +24,7 @@ from .distributed import World
 class Rollout:
     """One step's samples: B problems, their prompts and G completions each, group-major (row i*G+j)."""
 
-    batch: list[tasks.Example]
+    batch: list[example.Example]
     prompts: list[list[int]]
     completions: list[list[int]]
     texts: list[str]
@@ -90,7 +90,7 @@ class Scored:
         return next(iter(self.per_fn.values()))
 
 
-def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch: list[tasks.Example], log=print,
+def sample(cfg: TrainConfig, tok, sampler, sampling, gen: torch.Generator, batch: list[example.Example], log=print,
            what: str = "", tools: list = (), environments: Environments | None = None) -> Rollout:
     """G completions for each problem of the batch as `sampling` says (its limit, temperature, stop tokens), from
     the sampler with the run's generator; with `tools` or `environments`, G conversations that may call them

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config.stages import Stage
-from ..data import tasks
+from ..data import example
 from ..engine.batching import group_logprobs
 from ..engine.progress import ProgressLines
 from ..engine.prompts import encode_prompts
@@ -34,7 +34,7 @@ class StageRun:
     index: int
     stage: Stage
     count: int
-    data: list[tasks.Example]
+    data: list[example.Example]
     order: list[int]
 
     @property
@@ -87,7 +87,7 @@ def check_base_records(path: Path, sets: list[curriculum.HeldOut]) -> str:
             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(path.stat().st_mtime))}); move it away to evaluate again")
 
 
-def fitting(r: Run, data: list[tasks.Example], limit: int, task: str) -> list[tasks.Example]:
+def fitting(r: Run, data: list[example.Example], limit: int, task: str) -> list[example.Example]:
     """The problems whose prompt, with `limit` new tokens, fits the model's context, checked once when they are
     loaded (generated problems are short by construction); the others stop the run naming the first one's
     `file:line`, or with skip_bad_lines are left out with a count."""
@@ -122,7 +122,7 @@ def enter_stage(r: Run, k: int, stage: Stage, n_stages: int) -> StageRun:
     return StageRun(k, stage, n_stages, data, order)
 
 
-def validation_accuracy(r: Run, stage: Stage, val: list[tasks.Example], stage_step: int) -> float | None:
+def validation_accuracy(r: Run, stage: Stage, val: list[example.Example], stage_step: int) -> float | None:
     """The stage's validation accuracy when a promotion check is due at its step `stage_step` (else None), at the
     limit its held-out sets are evaluated at."""
     if not stage.promote_at or stage_step % r.cfg.promote_every or not val:
