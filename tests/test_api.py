@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from cpu_grpo import GRPOConfig, GRPOTrainer, config
-from cpu_grpo.cli import _config_from, main
+from cpu_grpo.cli import config_from, main
 from cpu_grpo.errors import ConfigError, UserError
 from cpu_grpo.rundir import read_jsonl
 
@@ -91,7 +91,7 @@ def test_the_cli_and_yaml_take_trl_names(tmp_path):
     args = parser.parse_args(parser_args)
     args.profile, args.config, args.resume = None, None, False
     args.default_profile = None
-    assert _config_from(args)[0] == ours
+    assert config_from(args)[0] == ours
     with pytest.raises(ConfigError, match="did you mean learning_rate"):
         config.build(None, None, {"learnig_rate": 1e-5})
 

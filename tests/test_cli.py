@@ -29,7 +29,7 @@ def test_a_bool_field_alone_means_true(monkeypatch):
     import cpu_grpo.cli as cli
 
     seen = []
-    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli._config_from(args)[0]) or 0)
+    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli.config_from(args)[0]) or 0)
     for argv in (["train", "--skip-bad-lines", "--use-lora"], ["train", "--skip-bad-lines", "true", "--use-lora", "1"]):
         main(argv + ["--bf16", "false"])
     main(["train", "--bf16"])

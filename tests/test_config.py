@@ -456,7 +456,7 @@ def test_a_field_you_give_wins_in_every_stage_of_a_profile(monkeypatch, tmp_path
     import cpu_grpo.cli as cli
 
     seen = []
-    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli._config_from(args)[0]) or 0)
+    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(cli.config_from(args)[0]) or 0)
     assert cli.main(["train", "--max-new-tokens", "64", "--prompts-per-step", "2"]) == 0  # the default profile
     cfg = seen[0]
     assert len(plan(cfg)) == 5 and cfg.max_new_tokens == 64 and cfg.prompts_per_step == 2

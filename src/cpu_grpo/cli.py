@@ -32,7 +32,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                          help=f"TRL's GRPOConfig.{name}: sets {ours}")
 
 
-def _config_from(args) -> tuple[config_mod.TrainConfig, str]:
+def config_from(args) -> tuple[config_mod.TrainConfig, str]:
     """The run's config as config.resolve makes it from the profile, --config, the fields and --resume."""
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
     return config_mod.resolve(args.profile or args.default_profile, args.config, overrides, args.resume)
@@ -49,7 +49,7 @@ def cmd_train(args) -> int:
     from .train import distributed
     from .train.loop import train
 
-    cfg, note = _config_from(args)
+    cfg, note = config_from(args)
     if args.own_process:  # `cpu-grpo train` itself, not main() called by a program: it may restart with jemalloc
         allocator.restart_with(cfg.allocator, args.argv)
     if note:  # after the restart, so that it is said once
@@ -197,7 +197,7 @@ def cmd_compare(args) -> int:
 def cmd_plan(args) -> int:
     from .machine.planner import Machine, Shapes, fit_budget, forecast
 
-    cfg, note = _config_from(args)
+    cfg, note = config_from(args)
     if note:
         print(note)
     shapes, machine = Shapes.of_model(cfg.model), Machine.measure()

@@ -343,7 +343,7 @@ def test_the_policy_holds_for_what_a_config_file_or_a_resumed_run_brings(tmp_pat
 
     def command(config_text: str, resume: bool = False, run_name: str = "new"):
         (root / "my.yaml").write_text(config_text)
-        return handlers._command(policy, names, ["", "quick", "runs/my.yaml", run_name, resume, False, "", ""])
+        return handlers.train_command(policy, names, ["", "quick", "runs/my.yaml", run_name, resume, False, "", ""])
 
     run, cmd, _, error, cfg = command("steps: 3\n")
     assert error is None and cfg.steps == 3 and Path(cfg.output_dir) == root / "new"
@@ -400,7 +400,8 @@ def test_a_config_file_that_is_an_alias_bomb_is_refused_at_once(tmp_path, monkey
         [f"{b}: &{b} [{', '.join(['*' + a] * 9)}]" for a, b in zip("abcdefgh", "bcdefghi", strict=True)]
     (root / "bomb.yaml").write_text("\n".join(levels) + "\n")
     t0 = time.monotonic()
-    error = handlers._command(Policy(root), ["steps"], ["", "quick", "runs/bomb.yaml", "new", False, False, "", ""])[3]
+    fields = ["", "quick", "runs/bomb.yaml", "new", False, False, "", ""]
+    error = handlers.train_command(Policy(root), ["steps"], fields)[3]
     assert "aliases (*name) expand to over 100,000 values" in error and time.monotonic() - t0 < 5
     cli = subprocess.run([sys.executable, "-m", "cpu_grpo.cli", "plan", "--config", "runs/bomb.yaml"],
                          capture_output=True, text=True, timeout=60)

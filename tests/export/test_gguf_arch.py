@@ -236,7 +236,7 @@ def test_pre_tokenizer_names_follow_the_split():
     def named(pre) -> str:
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre
-        return gguf_mod._pre_tokenizer(json.loads(tk.to_str()))
+        return gguf_mod.pre_tokenizer_name(json.loads(tk.to_str()))
 
     for name in ("qwen2", "llama-bpe", "gpt-4o"):
         split = pre_tokenizers.Split(Regex(SPLITS[name]), behavior="isolated")

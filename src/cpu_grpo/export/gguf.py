@@ -95,7 +95,7 @@ def file_type(quant: str):
             "q4_k_m": F.MOSTLY_Q4_K_M}[quant]
 
 
-def _pre_tokenizer(tok_json: dict) -> str:
+def pre_tokenizer_name(tok_json: dict) -> str:
     """llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre): the one its get_vocab_base_pre finds by hash for
     these families, told here by the split the tokenizer makes (a fine-tune keeps it; a hash needs the exact vocab)."""
     text = json.dumps(tok_json.get("pre_tokenizer") or {})
@@ -138,7 +138,7 @@ def add_tokenizer(w, tok, tok_dir: Path, vocab_size: int, template: str | None) 
             tokens.append(reverse[i])
             types.append(gguf.TokenType.NORMAL)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(_pre_tokenizer(tok_json))
+    w.add_tokenizer_pre(pre_tokenizer_name(tok_json))
     w.add_token_list(tokens)
     w.add_token_types(types)
     special = gguf.SpecialVocab(tok_dir, load_merges=True, n_vocab=len(tokens))
