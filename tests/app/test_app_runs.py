@@ -142,6 +142,7 @@ def page(model: str, run_name: str, config_file: str = "", **knobs) -> tuple[lis
                          *knobs.values()]
 
 
+@pytest.mark.slow  # two app processes, a training started
 def test_two_pages_starting_one_run_say_started_once(tmp_path, monkeypatch, tiny_model):
     """Two pages (this process and another app process, at once) press Start on one run: exactly one says Started,
     for the process that holds run.lock; the other says why not. A page whose check passed before another process

@@ -91,6 +91,7 @@ def test_fit_budget_proposes_only_settings_that_fit(tiny_model):
     assert fit_budget(cfg, shapes, MACHINE, 1e-9, None) == []
 
 
+@pytest.mark.slow  # measures the machine four times
 def test_plan_command(tiny_model, capsys):
     assert main(["plan", "--model", tiny_model, "--steps", "5", "--eval-size", "0"]) == 0
     out = capsys.readouterr().out
