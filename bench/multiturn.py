@@ -71,8 +71,9 @@ def main() -> None:
     ap.add_argument("--system-prompt", default=SYSTEM, help="the system turn of every mode ('' for none)")
     ap.add_argument("--model", help="a model directory in place of the profile's (e.g. a warm start that calls tools)")
     ap.add_argument("--instruction", help="the line after each problem in place of the profile's ('' for none)")
+    ap.add_argument("--threads", type=int, help="PyTorch threads (default: one per core other work leaves free)")
     args = ap.parse_args()
-    threads = set_threads()
+    threads = set_threads(args.threads)
     keep_freed_memory()
     from cpu_grpo.train import runstate
 
