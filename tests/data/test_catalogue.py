@@ -28,7 +28,8 @@ def test_rows_and_a_held_out_split_that_never_meets_training():
     assert ex.messages[0]["role"] == "system" and "<answer>" in ex.messages[0]["content"]
     assert ex.messages[1] == {"role": "user", "content": ex.question} and not ex.math and ex.difficulty == "chain_sum"
     assert load_task("rg:chain_sum", n=5, seed=0, split="train") == train[:5]  # the same arguments, the same rows
-    assert load_task("rg:chain_sum", n=5, seed=1, split="train") != train[:5]
+    other = load_task("rg:chain_sum", n=200, seed=1, split="train")  # another seed, other problems (not a shift)
+    assert len({ex.question for ex in train} & {ex.question for ex in other}) < 10
     easy = load_task("rg:basic_arithmetic:min_terms=2,max_terms=2,min_digits=1,max_digits=1", n=20, split="train")
     assert all(len(re.findall(r"\d+", ex.question)) == 2 for ex in easy)  # its config reached the generator
 

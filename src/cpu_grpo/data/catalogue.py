@@ -89,7 +89,8 @@ def generate(spec: str, n: int, seed: int = 0, split: str = "train") -> list[Exa
     from reasoning_gym.utils import SYSTEM_PROMPTS
 
     name = parse(spec)[0]
-    data_seed = seed ^ zlib.crc32(f"{spec}/{split}".encode())
+    # reasoning-gym seeds item i with `seed + i`: seeds must lie far apart, or two runs' rows are one sequence shifted
+    data_seed = zlib.crc32(f"{spec}/{split}/{seed}".encode())
     ds = _dataset(spec, data_seed)
     out, seen, misses, i = [], set(), 0, 0
     while len(out) < n and misses < 2000:
