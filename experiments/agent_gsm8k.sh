@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 69's proof (results/agent-gsm8k/PLAN.md): GSM8K with the calculator (arm A) against without (arm B), each
-# from its supervised warm start, one run at a time under runs/.cpu.lock, each run's card made after it.
+# from its supervised warm start, one run at a time under runs/.cpu.lock, each run's card made after it
+# (with the calculator's tool use read from the transcripts: experiments/agent_transcripts.py).
 # Usage: experiments/agent_gsm8k.sh [JOB ...]   JOB: warm-calculator warm-text A0 B0 A1 B1 (default: all, in order)
 # CODE=DIR runs the code of another checkout (a worktree at the plan's commit: edits here do not reach the runs).
 set -u
@@ -33,5 +34,7 @@ for job in "${jobs[@]}"; do
     --threads 2 --output-dir "$out" > "$out.log" 2>&1
   rc=$?
   echo "$(date -u +%H:%M) $job rc=$rc"
-  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/agent-gsm8k/$arm-seed$seed" --plots accuracy.png
+  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/agent-gsm8k/$arm-seed$seed" --plots accuracy.png \
+    && [ $arm = calculator ] && PYTHONPATH="$code/src" .venv/bin/python experiments/agent_transcripts.py "$out" \
+    "results/agent-gsm8k/$arm-seed$seed" > /dev/null
 done
