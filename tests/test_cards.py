@@ -13,6 +13,7 @@ KINDS = {
     "a config file given to a run": r"[\w.-]+\.yaml",
     "per-problem evaluation records": r"[\w.,=-]+\.jsonl\.gz",  # a reasoning-gym task's config in its name
     "a comparison or ablation table": r"(compare|ABLATION)[\w.-]*\.md",
+    "an agent's tool use, read from its transcripts": r"tools\.md",
     "an evaluation's console summary or a run's timing": r"[\w.-]+\.(log|txt)",
     "a plot": r"[\w.-]+\.png",
     "the results' own pages": r"LOG\.md|TASKS\.md",
