@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from cpu_grpo.data.answers import answers_match, extract_answer
+from cpu_grpo.rundir import read_jsonl
 
 
 def tool_use(record: dict) -> dict:
@@ -48,13 +49,13 @@ def main(run: Path, card: Path | None) -> None:
     lines = ["| evaluation | problems | n | calls a problem | failed calls | without a call | answer copies a "
              "tool result | gold among the results |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for path in sorted(run.glob("eval_*.jsonl")):
-        records = [json.loads(line) for line in path.open() if line.strip()]
+        records, name = read_jsonl(path), path.stem.removeprefix("eval_")
         if not records or "transcript" not in records[0]:
             continue
         uses = [tool_use(r) for r in records]
-        lines += table(path.stem.removeprefix("eval_"), uses)
+        lines += table(name, uses)
         if card is not None:
-            with gzip.open(card / f"tools-{path.stem.removeprefix('eval_')}.jsonl.gz", "wt") as f:
+            with gzip.open(card / f"tools-{name}.jsonl.gz", "wt") as f:
                 f.write("".join(json.dumps(u) + "\n" for u in uses))
     print("\n".join(lines))
     if card is not None:
