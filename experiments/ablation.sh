@@ -20,7 +20,10 @@ for arm in "${arms[@]}"; do
   out=runs/ablation-$arm-seed$seed
   [ -f "$out/summary.json" ] && { echo "$arm: done already"; continue; }
   base=runs/suite-basic_arithmetic-seed$seed/eval_before.jsonl  # greedy, the same problems: reused
-  [ -f "$base" ] && mkdir -p "$out" && cp -n "$base" "$out/"
+  card=results/task-suite/basic_arithmetic-seed$seed/eval_before.jsonl.gz  # or its card's compact records
+  mkdir -p "$out"
+  if [ -f "$base" ]; then cp -n "$base" "$out/"
+  elif [ -f "$card" ] && [ ! -f "$out/eval_before.jsonl" ]; then zcat "$card" > "$out/eval_before.jsonl"; fi
   sleep 5
   echo "$(date -u +%H:%M) $arm seed $seed"
   PYTHONPATH="$code/src" flock runs/.cpu.lock .venv/bin/python -m cpu_grpo train --task rg:basic_arithmetic \
