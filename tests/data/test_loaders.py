@@ -14,7 +14,7 @@ from cpu_grpo.data.rewards import correctness_reward
 from cpu_grpo.data.tasks import TaskError
 
 GSM8K_DIR = loaders.GSM8K_DIR  # shipped inside the package
-GSM8K_TEST = GSM8K_DIR / "test.jsonl"
+GSM8K_TEST = GSM8K_DIR / "test.jsonl.gz"
 
 
 def write(tmp_path: Path, rows: list[object | str], name: str = "data.jsonl") -> Path:

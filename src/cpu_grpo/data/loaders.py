@@ -31,8 +31,9 @@ from .tasks import (
 )
 
 GSM8K_DIR = Path(__file__).parent / "gsm8k"  # GSM8K (Cobbe et al., 2021; MIT licence, file beside it)
-DATASETS = {"gsm8k": {"train": "train.jsonl.gz", "test": "test.jsonl", None: "test.jsonl"},
-            "gsm8k-train": {"train": "train.jsonl.gz", "test": "test.jsonl", None: "train.jsonl.gz"}}
+DATASETS = {"gsm8k": {"train": "train.jsonl.gz", "test": "test.jsonl.gz", None: "test.jsonl.gz"},
+            "gsm8k-train": {"train": "train.jsonl.gz", "test": "test.jsonl.gz", None: "train.jsonl.gz"}}
+FIRST_NAMES = {"test.jsonl.gz": "test.jsonl"}  # shipped plain at first: its problems keep the ids records pair on
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt:
         raise TaskError(f"on_error must be 'raise' or 'skip', got '{on_error}'.")
     bad: list[tuple[str, str]] = []
     rows = files.read(spec, on_error, bad, limit=n if split is None else None)
-    name = name or (Path(spec).stem if not spec.startswith("hf:") else spec[3:].split(":")[0].split("/")[-1])
+    if not name:  # a hub dataset's last part; a file's name without its suffixes (data.jsonl.gz: data)
+        name = spec[3:].split(":")[0].split("/")[-1] if spec.startswith("hf:") else Path(spec.removesuffix(".gz")).stem
     out = _examples(rows.train if rows.test is None or split == "train" else rows.test, spec, fmt, on_error, bad, name)
     if split is None and rows.test is None and len(rows.train) == n:  # cut at n: a training twin may come later
         everything = _examples(files.read(spec, "skip", []).train, spec, fmt, "skip", [], name)
@@ -243,7 +245,8 @@ def load_task(spec: str, n: int | None = None, seed: int = 0, split: str | None 
                                lambda part, k: load_task(part, k, seed, split, on_error, fmt))
     if spec in DATASETS:
         file = DATASETS[spec][split]
-        return [replace(ex, split="train" if file.startswith("train") else "test")
+        name = FIRST_NAMES.get(file, file)
+        return [replace(ex, split="train" if file.startswith("train") else "test", id=name + ex.id[len(file):])
                 for ex in load_jsonl(GSM8K_DIR / file, on_error, limit=n, name="gsm8k")]
     if spec.startswith("hf:") or files.is_file_spec(spec):
         return load_file(spec, split, n, fmt, on_error)
