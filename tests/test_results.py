@@ -112,3 +112,19 @@ def test_tasks_table_recomputes_from_the_cards():
     spec.loader.exec_module(table)
     printed = (R / "TASKS.md").read_text().split("<!-- tasks table -->")[1].split("<!-- end tasks table -->")[0]
     assert printed.strip().splitlines() == [*table.HEADER.splitlines(), *table.rows()]
+
+
+def test_ablation_table_recomputes_from_the_cards():
+    """results/ablation/PLAN.md's result lists every run of the knob ablation that has a card, as
+    experiments/ablation_table.py computes it from the cards' per-problem files."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_table", ROOT / "experiments" / "ablation_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    plan = (R / "ablation" / "PLAN.md").read_text()
+    if "<!-- ablation table -->" not in plan:
+        assert not table.rows(), "results/ablation has cards but PLAN.md has no table of them"
+        return
+    printed = plan.split("<!-- ablation table -->")[1].split("<!-- end ablation table -->")[0]
+    assert printed.strip().splitlines() == [*table.HEADER.splitlines(), *table.rows()]
