@@ -359,6 +359,20 @@ def test_a_step_that_can_teach_nothing_is_reported(tiny_model, tmp_path):
     text = "\n".join(map(str, lines))
     assert text.count("every reward function returned None or nan") == 6
     assert text.count("for 5 steps every group's rewards were all equal") == 1
+    assert text.count("completions of the first step were cut at 12 tokens") == 1  # the random model never ends
+
+
+def test_a_first_step_cut_at_the_limit_is_reported_unless_cut_completions_are_masked():
+    from types import SimpleNamespace
+
+    from cpu_grpo.train.step import _warn_cut
+
+    lines = []
+    for mask, cut in ((False, [True] * 7 + [False]), (False, [True] * 5 + [False] * 3), (True, [True] * 8)):
+        _warn_cut(SimpleNamespace(mask_truncated_completions=mask), cut, 96, lines.append)
+    assert lines == ["warning: 7 of 8 completions of the first step were cut at 96 tokens, so only short ones can "
+                     "earn a reward and training may teach the model to stop working early: give it more "
+                     "--max-new-tokens, or leave cut completions out of the loss (--mask-truncated-completions)"]
 
 
 FADING = """
