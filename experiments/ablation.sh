@@ -30,6 +30,6 @@ for arm in "${arms[@]}"; do
     --seed "$seed" --threads 2 "${flags[@]}" --output-dir "$out" > "$out.log" 2>&1
   rc=$?
   echo "$(date -u +%H:%M) $arm seed $seed rc=$rc"
-  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/ablation/$arm-seed$seed" \
-    --plots accuracy.png
+  [ $rc -eq 0 ] && .venv/bin/python experiments/card.py "$out" "results/ablation/$arm-seed$seed"  # no plots: one
+  # stage's before and after are the table's numbers
 done
