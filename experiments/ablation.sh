@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 67's ablation (results/ablation/PLAN.md): the default recipe against the code task's, one knob at a
 # time, on rg:basic_arithmetic; one run at a time under runs/.cpu.lock; each run's card made after it.
-# Usage: experiments/ablation.sh SEED [ARM ...]   ARM: code lr 96 nodyn (default: all four)
+# Usage: experiments/ablation.sh SEED [ARM ...]   ARM: code lr 96 nodyn (default: these four), codemask
 # CODE=DIR runs the code of another checkout (the suite's worktree at 4faa34c).
 set -u
 cd "$(dirname "$0")/.."
@@ -15,6 +15,8 @@ for arm in "${arms[@]}"; do
     lr) flags=(--learning-rate 2e-4) ;;
     96) flags=(--max-new-tokens 96 --eval-max-new-tokens 256) ;;
     nodyn) flags=(--dynamic-sampling 1) ;;
+    codemask) flags=(--learning-rate 2e-4 --max-new-tokens 96 --dynamic-sampling 1 --eval-max-new-tokens 256
+                     --mask-truncated-completions) ;;  # the follow-up: the code recipe, cut completions masked
     *) echo "unknown arm $arm"; exit 2 ;;
   esac
   out=runs/ablation-$arm-seed$seed
