@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from cpu_grpo.eval import stats  # noqa: E402
 
 ABLATION, SUITE = ROOT / "results" / "ablation", ROOT / "results" / "task-suite"
-ARMS = {"default": "default", "code": "code recipe", "lr": "lr 2e-4", "96": "96 tokens", "nodyn": "no dynamic sampling"}
+ARMS = {"default": "default", "code": "code recipe", "lr": "lr 2e-4", "96": "96 tokens", "nodyn": "no dynamic sampling",
+        "codemask": "code recipe, cut masked"}
 HEADER = ("| arm | seed | n | after | finished | change from base (95% CI) | p | change from default (95% CI) | p | "
           "minutes |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|")
 
