@@ -362,17 +362,15 @@ def test_a_step_that_can_teach_nothing_is_reported(tiny_model, tmp_path):
     assert text.count("completions of the first step were cut at 12 tokens") == 1  # the random model never ends
 
 
-def test_a_first_step_cut_at_the_limit_is_reported_unless_cut_completions_are_masked():
-    from types import SimpleNamespace
-
+def test_a_first_step_cut_at_the_limit_is_reported():
     from cpu_grpo.train.step import _warn_cut
 
     lines = []
-    for mask, cut in ((False, [True] * 7 + [False]), (False, [True] * 5 + [False] * 3), (True, [True] * 8)):
-        _warn_cut(SimpleNamespace(mask_truncated_completions=mask), cut, 96, lines.append)
+    for cut in ([True] * 7 + [False], [True] * 5 + [False] * 3):
+        _warn_cut(cut, 96, lines.append)
     assert lines == ["warning: 7 of 8 completions of the first step were cut at 96 tokens, so only short ones can "
                      "earn a reward and training may teach the model to stop working early: give it more "
-                     "--max-new-tokens, or leave cut completions out of the loss (--mask-truncated-completions)"]
+                     "--max-new-tokens"]
 
 
 FADING = """

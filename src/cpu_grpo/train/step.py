@@ -152,7 +152,7 @@ def grpo_step(r: Run, p: Progress, stage: Stage, ref, reward_fns, draw, stop: St
         adv[rows] = advantages(cfg, total, per_fn, rows, m)[0]
     all_equal = _warn_no_signal(r, p, per_fn, adv_stats["frac_zero_std"], all(right), r.log)
     if p.stage_step == 0:
-        _warn_cut(r.cfg, rollout.truncated, stage.max_new_tokens, r.log)
+        _warn_cut(rollout.truncated, stage.max_new_tokens, r.log)
     t2 = time.time()
     # ---------------------------------------------------------------- update (on the groups kept) and step
     start = p.step - p.stage_step  # the stage's first step
@@ -278,15 +278,16 @@ def _warn_no_signal(r: Run, p: Progress, per_fn: dict, frac_zero_std: float, sol
     return all_equal
 
 
-def _warn_cut(cfg, truncated: list[bool], limit: int, log) -> None:
+def _warn_cut(truncated: list[bool], limit: int, log) -> None:
     """Say so when a stage's first step cut most completions at the limit: the right answers it can reward are then
     the short ones, and training pulls towards stopping early (results/ablation: at 96 tokens, learning rate 2e-4
-    and one rollout batch a step, the 0.5B model came to answer rg:basic_arithmetic with bare guesses)."""
+    and one rollout batch a step, the 0.5B model came to answer rg:basic_arithmetic with bare guesses, and did so
+    with cut completions left out of the loss too)."""
     cut = sum(truncated)
-    if cut >= 0.75 * len(truncated) and not cfg.mask_truncated_completions:
+    if cut >= 0.75 * len(truncated):
         log(f"warning: {cut} of {len(truncated)} completions of the first step were cut at {limit} tokens, so only "
             "short ones can earn a reward and training may teach the model to stop working early: give it more "
-            "--max-new-tokens, or leave cut completions out of the loss (--mask-truncated-completions)")
+            "--max-new-tokens")
 
 
 def log_groups(r: Run, n: int, stage: str, step: StepResult, tracker) -> None:
