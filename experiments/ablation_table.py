@@ -9,15 +9,14 @@ base (the same records for every arm of a seed) and from the default recipe's ru
 minutes (summary.json's wall time). tests/test_results.py recomputes the table and compares it with PLAN.md.
 """
 
-import gzip
 import json
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-from cpu_grpo.eval import stats  # noqa: E402
+sys.path.insert(0, str(ROOT / "experiments"))
+from tasks_table import change, records  # noqa: E402  (a paired change as printed; a card's records)
 
 ABLATION, SUITE = ROOT / "results" / "ablation", ROOT / "results" / "task-suite"
 ARMS = {"default": "default", "code": "code recipe", "lr": "lr 2e-4", "96": "96 tokens", "nodyn": "no dynamic sampling",
@@ -26,18 +25,10 @@ HEADER = ("| arm | seed | n | after | finished | change from base (95% CI) | p |
           "minutes |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|")
 
 
-def records(path: Path) -> dict[str, dict]:
-    with gzip.open(path, "rt") as f:
-        return {r["id"]: r for r in map(json.loads, f)}
-
-
-def change(before: dict, after: dict) -> tuple[str, str]:
-    """The paired change from `before` to `after` (id -> record) and McNemar's p; bold where p < 0.05."""
+def paired(before: dict, after: dict) -> tuple[str, str]:
+    """The change from `before` to `after` (id -> record) on the problems both hold, as tasks_table prints it."""
     ids = sorted(set(before) & set(after))
-    cmp = stats.paired_comparison([bool(before[i]["correct"]) for i in ids], [bool(after[i]["correct"]) for i in ids])
-    lo, hi = cmp["ci95"]
-    text = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
-    return (f"**{text}**" if cmp["significant"] else text), f"{cmp['p_value']:.2g}"
+    return change([bool(before[i]["correct"]) for i in ids], [bool(after[i]["correct"]) for i in ids])
 
 
 def row(arm: str, seed: int) -> str:
@@ -46,8 +37,8 @@ def row(arm: str, seed: int) -> str:
     card = default if arm == "default" else ABLATION / f"{arm}-seed{seed}"
     before, after = records(default / "eval_before.jsonl.gz"), records(card / "eval_after.jsonl.gz")
     summary = json.loads((card / "summary.json").read_text())
-    from_base = change(before, after)
-    from_default = ("-", "-") if arm == "default" else change(records(default / "eval_after.jsonl.gz"), after)
+    from_base = paired(before, after)
+    from_default = ("-", "-") if arm == "default" else paired(records(default / "eval_after.jsonl.gz"), after)
     done = sum(bool(r.get("finished")) for r in after.values()) / len(after)
     right = sum(bool(r["correct"]) for r in after.values()) / len(after)
     return (f"| {ARMS[arm]} | {seed} | {len(after)} | {100 * right:.1f}% | {100 * done:.0f}% | {from_base[0]} | "

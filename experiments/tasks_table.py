@@ -30,6 +30,15 @@ def records(path: Path) -> dict[str, dict]:
         return {r["id"]: r for r in map(json.loads, f)}
 
 
+def change(before: list[bool], after: list[bool]) -> tuple[str, str]:
+    """The paired change from `before` to `after` (the same problems in the same order) with its 95% interval, bold
+    where McNemar's exact p < 0.05, and p."""
+    cmp = stats.paired_comparison(before, after)
+    lo, hi = cmp["ci95"]
+    text = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
+    return (f"**{text}**" if cmp["significant"] else text), f"{cmp['p_value']:.2g}"
+
+
 def row(card: Path) -> str:
     """One table line for one run's card."""
     name, seed = re.fullmatch(r"(.+)-seed(\d+)", card.name).groups()
@@ -37,19 +46,15 @@ def row(card: Path) -> str:
     before, after = records(card / "eval_before.jsonl.gz"), records(card / "eval_after.jsonl.gz")
     ids = sorted(set(before) & set(after))
     b, a = [bool(before[i]["correct"]) for i in ids], [bool(after[i]["correct"]) for i in ids]
-    cmp = stats.paired_comparison(b, a)
-    lo, hi = cmp["ci95"]
+    changed, p = change(b, a)
     steps = [json.loads(line) for line in (card / "metrics.jsonl").read_text().splitlines() if line.strip()]
     peak = max(s.get("peak_rss_mb", 0) for s in steps) / 1024
-    change = f"{100 * cmp['diff']:+.1f} ({100 * lo:+.1f} to {100 * hi:+.1f})"
-    if cmp["significant"]:
-        change = f"**{change}**"
     # the report's check; cards written before 2026-12-04 say "None" where reasoning-gym gives no one answer
     constant = stats.against_constant([None if after[i].get("answer") == "None" else after[i].get("answer")
                                        for i in ids], a)
     one = f"{100 * constant['accuracy']:.1f}%" if constant else "-"
     return (f"| {name} | {seed} | {summary['model']} | {len(ids)} | {100 * sum(b) / len(b):.1f}% | "
-            f"{100 * sum(a) / len(a):.1f}% | {one} | {change} | {cmp['p_value']:.2g} | "
+            f"{100 * sum(a) / len(a):.1f}% | {one} | {changed} | {p} | "
             f"{summary['wall_seconds'] / 60:.0f} | {peak:.1f} |")
 
 

@@ -102,29 +102,27 @@ def test_links_into_results_resolve():
     assert not broken, broken
 
 
+def table_rows(script: str, page: Path, marker: str) -> tuple[list[str], list[str]]:
+    """The rows `page` prints between its `<!-- MARKER -->` and `<!-- end MARKER -->`, and the header and rows
+    experiments/SCRIPT.py computes from the cards."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(script, ROOT / "experiments" / f"{script}.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    printed = page.read_text().split(f"<!-- {marker} -->")[1].split(f"<!-- end {marker} -->")[0]
+    return printed.strip().splitlines(), [*table.HEADER.splitlines(), *table.rows()]
+
+
 def test_tasks_table_recomputes_from_the_cards():
     """results/TASKS.md lists every run of the task suite that has a card, as experiments/tasks_table.py computes
     it from the card's per-problem files."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tasks_table", ROOT / "experiments" / "tasks_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    printed = (R / "TASKS.md").read_text().split("<!-- tasks table -->")[1].split("<!-- end tasks table -->")[0]
-    assert printed.strip().splitlines() == [*table.HEADER.splitlines(), *table.rows()]
+    printed, computed = table_rows("tasks_table", R / "TASKS.md", "tasks table")
+    assert printed == computed
 
 
 def test_ablation_table_recomputes_from_the_cards():
     """results/ablation/PLAN.md's result lists every run of the knob ablation that has a card, as
     experiments/ablation_table.py computes it from the cards' per-problem files."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ablation_table", ROOT / "experiments" / "ablation_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
-    plan = (R / "ablation" / "PLAN.md").read_text()
-    if "<!-- ablation table -->" not in plan:
-        assert not table.rows(), "results/ablation has cards but PLAN.md has no table of them"
-        return
-    printed = plan.split("<!-- ablation table -->")[1].split("<!-- end ablation table -->")[0]
-    assert printed.strip().splitlines() == [*table.HEADER.splitlines(), *table.rows()]
+    printed, computed = table_rows("ablation_table", R / "ablation" / "PLAN.md", "ablation table")
+    assert printed == computed
