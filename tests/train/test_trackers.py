@@ -66,7 +66,8 @@ def test_a_run_reaches_every_tracker(tiny_model, tmp_path, reward_file, monkeypa
     out, lines = tmp_path / "run", []
     train(tiny_cfg(tiny_model, out, reward_file, steps=2, eval_size=4, report_to=["tensorboard", "trackio", "wandb"],
                    log_completions_every=1), log=lines.append)
-    assert not [x for x in lines if "warning" in str(x)]
+    trackers_said = [x for x in lines if "warning: report_to" in str(x) or "failed (" in str(x)]
+    assert not trackers_said  # every tracker started and kept going
     steps = read_jsonl(out / "metrics.jsonl")
     rewards = [m["reward"] for m in steps]
 
