@@ -16,6 +16,7 @@ for name in "${names[@]}"; do
     basic|countdown|code) task=(--task "$name") ;;
     gsm8k) task=(--task gsm8k --eval-size 1319) ;;
     letter_counting) task=(--task "rg:letter_counting:min_words=1,max_words=3") ;;  # the survey's easier config
+    word_sorting) task=(--task "rg:word_sorting:min_words=2,max_words=4,max_word_length=6") ;;  # a replacement
     *) task=(--task "rg:$name") ;;
   esac
   out=runs/suite-$name-seed$seed
