@@ -126,3 +126,18 @@ def test_ablation_table_recomputes_from_the_cards():
     experiments/ablation_table.py computes it from the cards' per-problem files."""
     printed, computed = table_rows("ablation_table", R / "ablation" / "PLAN.md", "ablation table")
     assert printed == computed
+
+
+def test_a_suite_run_repeated_makes_the_same_predictions_and_steps():
+    """results/task-suite-repeat/ holds task-suite runs made again (same command, code and seed): each repeat's
+    answers before and after training, and each step's reward and loss, are its first run's."""
+    repeats = sorted((R / "task-suite-repeat").glob("*-seed*"))
+    assert repeats
+    for repeat in repeats:
+        first = R / "task-suite" / repeat.name
+        for name in ("eval_before.jsonl.gz", "eval_after.jsonl.gz"):
+            with gzip.open(first / name, "rt") as a, gzip.open(repeat / name, "rt") as b:
+                assert [json.loads(x)["pred"] for x in a] == [json.loads(x)["pred"] for x in b], (repeat.name, name)
+        steps = [[(s["reward"], s["loss"]) for s in map(json.loads, (run / "metrics.jsonl").open())]
+                 for run in (first, repeat)]
+        assert steps[0] == steps[1], repeat.name
