@@ -17,11 +17,6 @@ for name in "${names[@]}"; do
     gsm8k) task=(--task gsm8k --eval-size 1319) ;;
     letter_counting) task=(--task "rg:letter_counting:min_words=1,max_words=3") ;;  # the survey's easier config
     word_sorting) task=(--task "rg:word_sorting:min_words=2,max_words=4,max_word_length=6") ;;  # a replacement
-    letter_jumble) task=(--task "rg:letter_jumble:min_words=2,max_words=3") ;;  # the second round's configs
-    sentence_reordering) task=(--task "rg:sentence_reordering:max_words_in_sentence=6") ;;
-    string_insertion) task=(--task "rg:string_insertion") ;;  # the third round's: its default config first
-    string_insertion_long) task=(--task "rg:string_insertion:min_string_length=10") ;;
-    string_manipulation) task=(--task "rg:string_manipulation:max_string_length=10,max_num_rules=4") ;;
     *) task=(--task "rg:$name") ;;
   esac
   out=runs/suite-$name-seed$seed
