@@ -5,8 +5,7 @@
 Kept: README.md (plan and result), summary.json, configs, metrics.jsonl, stages.jsonl, forgetting.json,
 report.md, compare*.md and other small text, figures outside plots/, the --plots of a plots/ folder
 (accuracy and reward). Each evaluation file (records with id, correct and completion) becomes NAME.jsonl.gz:
-one line a problem with only the fields below (read it with zcat or gzip.open); 20 completions go to
-samples.jsonl.
+one line a problem with only the fields below (read it with zcat or gzip.open); no completion is kept.
 Everything else (groups.jsonl, console logs, other plots, large files) is left out, and the card's README
 lists each with its sha256 so it can be fetched where the run keeps it. RUN_DIR may be the card itself.
 """
@@ -25,7 +24,6 @@ EVAL_FIELDS = ("id", "difficulty", "template", "answer", "pred", "correct", "fin
                "calc_steps", "calc_correct_frac", "reasoning_quality", "consistent", "max_new_tokens")
 DROPPED = ("groups.jsonl",)
 SMALL = 32_000  # bytes: a larger text file that is not an evaluation is left out
-N_SAMPLES = 20
 
 
 def is_eval(path: Path) -> bool:
@@ -57,13 +55,6 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def samples(records: list[dict], name: str) -> list[dict]:
-    """N_SAMPLES records spread evenly over the file, so right and wrong answers both show."""
-    step = max(1, len(records) // N_SAMPLES)
-    return [{"file": name, **{k: r.get(k) for k in ("id", "answer", "pred", "correct", "completion")}}
-            for r in records[::step][:N_SAMPLES]]
-
-
 def write_compact(records: list[dict], out: Path) -> None:
     lines = "".join(json.dumps({k: r[k] for k in EVAL_FIELDS if k in r}, separators=(",", ":")) + "\n"
                     for r in records)
@@ -74,11 +65,11 @@ def write_compact(records: list[dict], out: Path) -> None:
 def make_card(run: Path, card: Path, raw_at: str, raw_prefix: str, plots: list[str]) -> list[tuple[str, str]]:
     """Write the card; return (path, sha256) of every file left out."""
     card.mkdir(parents=True, exist_ok=True)
-    removed, shown, last_eval = [], [], None
+    removed, last_eval = [], None
     for path in sorted(p for p in run.rglob("*") if p.is_file()):
         rel = path.relative_to(run)
         out = card / rel
-        if rel.name == "samples.jsonl":
+        if rel.name == "samples.jsonl":  # completions kept by cards made before 2026-12-05
             continue
         if is_eval(path):
             records = [json.loads(line) for line in path.open() if line.strip()]
@@ -105,9 +96,6 @@ def make_card(run: Path, card: Path, raw_at: str, raw_prefix: str, plots: list[s
     for d in sorted((p for p in card.rglob("*") if p.is_dir()), reverse=True):
         if not any(d.iterdir()):
             d.rmdir()
-    if last_eval:
-        shown = samples(last_eval[1], str(last_eval[0]))
-        (card / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in shown))
     write_readme(card, removed, raw_at, raw_prefix)
     return removed
 
@@ -127,8 +115,7 @@ def write_readme(card: Path, removed: list[tuple[str, str]], raw_at: str, raw_pr
                                                       if raw_at.startswith("commit") else "")
         rows = "".join(f"| `{p}` | `{h}` |\n" for p, h in removed)
         text += (f"\n## Raw files\n\nRaw files (completions, groups, console log, all plots) at {where}.\n"
-                 "Each evaluation file here is `NAME.jsonl.gz`, one compact line a problem; `samples.jsonl` holds 20 "
-                 "completions.\n\n"
+                 "Each evaluation file here is `NAME.jsonl.gz`, one compact line a problem.\n\n"
                  f"| path | sha256 |\n|---|---|\n{rows}")
     readme.write_text(text)
 

@@ -22,6 +22,8 @@ def test_a_card_keeps_full_and_reused_compact_evaluations(tmp_path):
     for name in ("eval_before", "eval_after"):
         kept = [json.loads(line) for line in gzip.open(out / f"{name}.jsonl.gz", "rt")]
         assert kept == rows, name
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "eval_after.jsonl.gz", "eval_before.jsonl.gz"]  # no
+    # completion kept
 
 
 def test_a_card_leaves_out_every_console_log(tmp_path):

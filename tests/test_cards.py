@@ -9,7 +9,7 @@ R = Path(__file__).resolve().parents[1] / "results"
 KINDS = {
     "plan and result": r"README\.md|PLAN\.md",
     "a run's own files": r"summary\.json|status\.json|forgetting\.json|train_config\.yaml|metrics\.jsonl|stages\.jsonl|"
-                         r"samples\.jsonl|report\.md",
+                         r"report\.md",
     "a config file given to a run": r"[\w.-]+\.yaml",
     "per-problem evaluation records": r"[\w.,=-]+\.jsonl\.gz",  # a reasoning-gym task's config in its name
     "a comparison or ablation table": r"(compare|ABLATION)[\w.-]*\.md",
