@@ -35,19 +35,33 @@ from cpu_grpo.export import source, verify  # noqa: E402
 from cpu_grpo.export.run import Request, export  # noqa: E402
 
 
+class Chat:
+    """llama.cpp's own chat completion of a GGUF (in a child process: a crash in llama.cpp ends it, not the bench)."""
+
+    def __init__(self, path: Path):
+        from cpu_grpo.engine.llamacpp import high_level
+
+        self.llm = high_level(path, n_ctx=2048, n_threads=os.cpu_count(), seed=0, verbose=False)
+
+    def answer(self, question: str, limit: int) -> tuple[str, list[int]]:
+        out = self.llm.create_chat_completion([{"role": "user", "content": question}], temperature=0.0,
+                                              max_tokens=limit)
+        text = out["choices"][0]["message"]["content"] or ""
+        return text, self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+
 def llama_answers(path: Path, examples: list, limit: int, judge, log=print) -> list[dict]:
     """Greedy completions by llama.cpp of each bare question, through the GGUF's own chat template."""
-    from llama_cpp import Llama
+    from cpu_grpo.engine.isolated import Isolated
 
-    llm = Llama(model_path=str(path), n_ctx=2048, n_threads=os.cpu_count(), seed=0, verbose=False)
-    texts = []
-    for i, ex in enumerate(examples):
-        out = llm.create_chat_completion([{"role": "user", "content": ex.question}], temperature=0.0,
-                                         max_tokens=limit)
-        texts.append(out["choices"][0]["message"]["content"] or "")
-        if (i + 1) % 50 == 0:
-            log(f"  llama.cpp {i + 1}/{len(examples)}")
-    ids = [llm.tokenize(t.encode(), add_bos=False, special=True) for t in texts]
+    texts, ids = [], []
+    with Isolated("llama.cpp", Chat, path) as llm:
+        for i, ex in enumerate(examples):
+            text, tokens = llm.answer(ex.question, limit)
+            texts.append(text)
+            ids.append(tokens)
+            if (i + 1) % 50 == 0:
+                log(f"  llama.cpp {i + 1}/{len(examples)}")
     judged = judge.scores(examples, texts, ids, log)
     return [{"id": ex.id, "completion": text, "correct": bool(
         score_completion(text, ex.answer, ex.solution, False)["correct"] if right is None else right)}

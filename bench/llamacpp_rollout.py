@@ -31,7 +31,7 @@ import torch
 from cpu_grpo import config
 from cpu_grpo.data import loaders
 from cpu_grpo.engine.batching import group_logprobs
-from cpu_grpo.engine.llamacpp import LlamaCpp
+from cpu_grpo.engine.llamacpp import isolated
 from cpu_grpo.engine.prompts import encode_prompts
 from cpu_grpo.engine.threads import set_threads
 from cpu_grpo.export import gguf as gguf_export
@@ -123,7 +123,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     for cell in args.cells:
         b, g, new = map(int, cell.split("x"))
-        lc = LlamaCpp(work / "base-q8_0.gguf", b * g, 1024, threads, batch=2048)  # as measured on 2026-12-04
+        lc = isolated(work / "base-q8_0.gguf", b * g, 1024, threads, batch=2048)  # as measured on 2026-12-04
         got = {"bf16": [], "llama.cpp": []}
         for r in range(args.reps + 1):
             chats = [ex.chat(cfg.instruction, cfg.system_prompt) for ex in problems[r * b:(r + 1) * b]]
@@ -142,6 +142,7 @@ def main() -> None:
             if r:
                 got["bf16"].append(one)
                 got["llama.cpp"].append(two)
+        lc.close()
         bf16 = statistics.median(x["tokens"] / x["seconds"] for x in got["bf16"])
         for way, xs in got.items():
             rate = statistics.median(x["tokens"] / x["seconds"] for x in xs)

@@ -20,3 +20,8 @@ class ConfigError(UserError):
 
 class SandboxError(UserError):
     """Model-written code that cannot be run as safely as asked here; the message says what to install or allow."""
+
+
+class NativeCrash(UserError):
+    """Native code (llama.cpp) that died by a signal in the child process it ran in (engine.isolated): the command
+    that asked goes on, or stops with this sentence; nothing of the user's is lost."""

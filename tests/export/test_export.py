@@ -443,13 +443,15 @@ def test_llama_cpp_reads_the_gguf_as_the_checkpoint(runs, tmp_path, run):
     """llama.cpp (llama-cpp-python, compiled from PyPI's source package) tokenizes the prompt the checkpoint's
     tokenizer does, computes its logits at every position, and renders the run's instruction from the stored
     chat template."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python (it compiles llama.cpp)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "out"
     export(_quiet(spec=str(runs[run]), format="gguf", quant="f16", out=str(out), verify=False), log=lambda *a: None)
-    llm = llama_cpp.Llama(model_path=str(next(out.glob("*.gguf"))), n_ctx=256, logits_all=True, verbose=False)
+    from cpu_grpo.engine.llamacpp import high_level
+
+    llm = high_level(next(out.glob("*.gguf")), n_ctx=256, logits_all=True, verbose=False)
     ckpt = sorted((runs[run] / "checkpoints").glob("step-*"))[-1]
     tok, model = AutoTokenizer.from_pretrained(ckpt), AutoModelForCausalLM.from_pretrained(ckpt).eval()
     asked = tok.apply_chat_template(prompt.messages("What is 12 + 30?", INSTRUCTION, ""), tokenize=False,
@@ -558,3 +560,36 @@ def test_a_gguf_is_checked_by_llama_cpp_where_transformers_cannot_read_it_back(k
                        log=lambda *a: None)
     finally:
         monkeypatch.undo()
+
+
+class _CrashingLlamaCpp:
+    """Stands in for engine.llamacpp.LlamaCpp in its child process: loads, then dies by SIGSEGV on the first read,
+    as llama.cpp's AMX path did on the Intel build machine (ggml_backend_amx_mul_mat)."""
+
+    def __init__(self, *args):
+        pass
+
+    def tokenize(self, text: str) -> list[int]:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_crash_in_llama_cpp_keeps_the_file_marked_unchecked(runs, tmp_path, monkeypatch, capsys):
+    """llama.cpp runs in a child process: when it dies by a signal the export is still written where asked, export.md
+    says it is unchecked, no partial folder is left, and the command ends in one sentence with exit code 3."""
+    from cpu_grpo.cli import main
+    from cpu_grpo.engine import llamacpp
+    from cpu_grpo.engine.isolated import Isolated
+    from cpu_grpo.export import readback
+
+    monkeypatch.setattr(readback, "has_llama_cpp", lambda: True)
+    monkeypatch.setattr(llamacpp, "isolated", lambda *args: Isolated("llama.cpp", _CrashingLlamaCpp, *args))
+    out = tmp_path / "exports" / "q8"
+    assert main(["export", str(runs["full"]), "--format", "gguf", "--quant", "q8_0", "--out", str(out)]) == 3
+    said = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading bar
+    assert said.startswith("cpu-grpo: llama.cpp crashed (SIGSEGV) while reading the file back, so the export is "
+                           f"unchecked: the file is kept at {out}"), said
+    assert len(list(out.glob("*.gguf"))) == 1 and "UNCHECKED" in (out / "export.md").read_text()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["q8"]  # no hidden .partial folder

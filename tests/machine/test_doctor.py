@@ -12,7 +12,7 @@ def test_doctor_reports_the_machine(capsys):
     assert main(["doctor", "--seconds", "0.2"]) == 0
     out = capsys.readouterr().out
     for word in ("cpu ", "AVX-512 BF16", "AVX-512 VNNI", "physical", "GB available", "torch", "GFLOP/s", "GOP/s",
-                 "allocator", "models", "extras", "int8"):
+                 "allocator", "models", "extras", "int8", "llama.cpp   "):
         assert word in out, word
 
 

@@ -1,5 +1,13 @@
 """Many rows decoded as one llama.cpp batch (llama-cpp-python's C API), a KV stream a row: an exported GGUF read by
-llama.cpp itself (export's checks) and a sampler measured against ours (bench/llamacpp_rollout.py)."""
+llama.cpp itself (export's checks) and a sampler measured against ours (bench/llamacpp_rollout.py). Callers run it
+in a child process of its own (`isolated`): a crash in llama.cpp ends the child, not the command.
+
+llama.cpp's AMX path (weights repacked into an AMX buffer, compiled in where the build machine has AMX) dies by
+SIGSEGV in ggml_backend_amx_mul_mat on any batch of more than one token, at every quantized type tried (q8_0, q4_0,
+q4_k_m; llama-cpp-python 0.3.36 on the Intel Xeon build machine, 2026-12-07; ggml-org/llama.cpp#20824): where the
+build has AMX, weights are loaded without extra buffer types (`llama-cli --no-repack`), elsewhere as llama.cpp
+chooses (its CPU repacking kept on AVX-512 machines).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +18,36 @@ import numpy as np
 import torch
 
 _QUIET = []  # the log callback given to llama.cpp, kept alive for as long as the process: llama.cpp calls it
+_ERRORS: list[str] = []  # llama.cpp's error lines, the last few: a load's reason
+GGML_LOG_LEVEL_ERROR = 4
 
 
 def _quiet(L) -> None:
-    """llama.cpp's log silenced, once (llama-cpp-python's own Llama(verbose=False) also sets it, and keeps its own)."""
+    """llama.cpp's log silenced but for its errors, kept for the reason of a failed load; once."""
+    def keep(level, text, data):
+        if level == GGML_LOG_LEVEL_ERROR:
+            _ERRORS[:] = [*_ERRORS[-4:], text.decode(errors="replace").strip()]
+
     if not _QUIET:
-        _QUIET.append(L.llama_log_callback(lambda level, text, data: None))
+        _QUIET.append(L.llama_log_callback(keep))
     L.llama_log_set(_QUIET[0], ctypes.c_void_p(0))
+
+
+def cpu_paths() -> list[str]:
+    """The CPU features this llama.cpp build uses (llama_print_system_info's flags set to 1: AMX_INT8, AVX512, ...);
+    [] where llama-cpp-python is not installed."""
+    try:
+        import llama_cpp as L
+    except ImportError:
+        return []
+    info = L.llama_print_system_info().decode()
+    return [flag.split("=")[0].strip() for flag in info.replace("CPU :", "").split("|") if flag.strip().endswith("= 1")]
+
+
+def extra_buffers_safe(paths: list[str]) -> bool:
+    """Whether llama.cpp's extra buffer types (AMX, CPU repacking) may be used: not where the build has AMX (see the
+    module)."""
+    return "AMX_INT8" not in paths
 
 
 class LlamaCpp:
@@ -29,9 +60,12 @@ class LlamaCpp:
         self.L = L
         _quiet(L)
         L.llama_backend_init()
-        self.model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+        mp = L.llama_model_default_params()
+        mp.use_extra_bufts = extra_buffers_safe(cpu_paths())
+        _ERRORS.clear()
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
-            raise ValueError(f"llama.cpp cannot load {path}")
+            raise ValueError(_ERRORS[-1] if _ERRORS else f"llama.cpp cannot load {path}")
         p = L.llama_context_default_params()
         p.n_ctx, p.n_seq_max, p.kv_unified = rows * ctx_per_row, rows, False
         p.n_batch = p.n_ubatch = self.size = max(batch, rows)
@@ -64,6 +98,22 @@ class LlamaCpp:
         if self.adapter is not None:
             L.llama_adapter_lora_free(self.adapter)
         self.adapter = new
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's tokens of `text`, special tokens parsed, no BOS added."""
+        L, raw = self.L, text.encode()
+        vocab = L.llama_model_get_vocab(self.model)
+        n = -L.llama_tokenize(vocab, raw, len(raw), None, 0, False, True)  # how many it needs
+        ids = (L.llama_token * n)()
+        L.llama_tokenize(vocab, raw, len(raw), ids, n, False, True)
+        return list(ids)
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """The logits at every position of `ids` (T, V), read as one sequence from an empty cache, in pieces that fit
+        a batch."""
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+        return np.concatenate([self._decode([(t, j, 0, True) for j, t in enumerate(ids[k:k + self.size], k)])
+                               for k in range(0, len(ids), self.size)])
 
     def _decode(self, entries: list[tuple[int, int, int, bool]]) -> np.ndarray:
         """Decode (token, position, row, wants logits) entries; the logits of those that want them, in order."""
@@ -111,3 +161,32 @@ class LlamaCpp:
             plen = {row: len(prompts[row // g]) for row in live}
             logits = self._decode([(done[r][-1], plen[r] + len(done[r]) - 1, r, True) for r in live])
         return done, logps
+
+
+def high_level(path: Path, **kw):
+    """llama-cpp-python's own `Llama` (chat templates, create_chat_completion), its weights loaded as LlamaCpp loads
+    them: without extra buffer types where the build has AMX (its constructor has no switch for it, so the default
+    parameters it starts from are changed while it loads)."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as C
+
+    default = C.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = extra_buffers_safe(cpu_paths())
+        return p
+
+    C.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), **kw)
+    finally:
+        C.llama_model_default_params = default
+
+
+def isolated(path: Path, rows: int, ctx_per_row: int, threads: int, batch: int = 512):
+    """A LlamaCpp in a child process of its own (engine.isolated): the same calls, and a crash in llama.cpp raises
+    NativeCrash here instead of ending this process."""
+    from .isolated import Isolated
+
+    return Isolated("llama.cpp", LlamaCpp, Path(path), rows, ctx_per_row, threads, batch)

@@ -86,7 +86,8 @@ def _checks(checks: dict) -> list[str]:
     if c := checks.get("template"):
         lines.append(f"- Chat template as written: {'carries' if c['carries_instruction'] else 'does not carry'} the "
                      f"instruction; read back {'unchanged' if c['passed'] else '**changed**'}.")
-    verdict = "passed" if all(x.get("passed", True) for x in checks.values()) else "**FAILED**"
+    verdict = "passed" if all(x.get("passed", True) for x in checks.values()) else \
+        "**not done: the export is UNCHECKED**" if any(x.get("unchecked") for x in checks.values()) else "**FAILED**"
     return [*lines, "", f"Verification {verdict}."]
 
 

@@ -47,14 +47,19 @@ def run(src: source.Source, req, out: Path, model, tok, template: str | None, lo
     against the checkpoint's, and for a quantized file the paired held-out accuracy of its greedy answers.
     Otherwise the files are loaded back by transformers (and peft): greedy identity for exact formats, paired
     held-out accuracy for quantized GGUF. Every format: the exported chat template against the run's. An exact
-    format's checks round `model`'s weights in place, as the file stores them."""
+    format's checks round `model`'s weights in place, as the file stores them. llama.cpp runs in a child process: if
+    it crashes, the export is marked unchecked (`crashed`) and this returns."""
+    from ..errors import NativeCrash
     from .gguf_arch import GGUFError, misread
 
     exact = req.format in ("hf", "peft") or req.quant in ("bf16", "f16")
     gguf_file = next(out.glob("*.gguf")) if req.format == "gguf" else None
     if gguf_file and has_llama_cpp():
         verify.round_to(model, *rounding(req))
-        checks = by_llama_cpp(src, req, gguf_file, model, tok, template, exact, log)
+        try:
+            checks = by_llama_cpp(src, req, gguf_file, model, tok, template, exact, log)
+        except NativeCrash as e:
+            checks = {"llama.cpp": crashed(e, req.quant)}
     else:
         if gguf_file and (why := misread(model.config, out, gguf_file.name)):
             raise GGUFError(f"the GGUF was written but cannot be checked here ({why}), and llama.cpp is not "
@@ -70,7 +75,7 @@ def by_llama_cpp(src, req, gguf_file: Path, model, tok, template: str | None, ex
     memory, and the reader the file is for."""
     import torch
 
-    from ..engine.llamacpp import LlamaCpp
+    from ..engine.llamacpp import isolated
     from ..engine.sampler import stop_ids
 
     shape = (src.instruction, src.system)
@@ -83,11 +88,17 @@ def by_llama_cpp(src, req, gguf_file: Path, model, tok, template: str | None, ex
         examples, limit = source.held_out(src, req.verify_n), int(src.cfg.get("eval_max_new_tokens", 256))
         longest = max(map(len, verify.prompt_ids(tok, [e.question for e in examples], written_template, *shape)))
         stops = stop_ids(tok, model)
-        with LlamaCpp(gguf_file, verify.ANSWER_BATCH, longest + limit + 1, torch.get_num_threads()) as llm:
+        with isolated(gguf_file, verify.ANSWER_BATCH, longest + limit + 1, torch.get_num_threads()) as llm:
             checks["accuracy"] = verify.accuracy_check(
                 verify.greedy(model, tok, limit), tok, lambda ids: llm.generate(ids, 1, limit, 0.0, stops)[0], tok,
                 written_template, examples, shape, limit, log, source.judge(src, limit), reader="llama.cpp")
     return checks
+
+
+def crashed(e: Exception, quant: str) -> dict:
+    """The llama.cpp check of a file whose reading crashed llama.cpp (in its child process): unchecked, not failed."""
+    return {"kind": "llama.cpp", "quant": quant, "passed": False, "unchecked": True,
+            "error": f"{e} while reading the file back, so the export is unchecked"}
 
 
 def by_transformers(src, req, out: Path, model, tok, template: str | None, exact: bool, log) -> dict:

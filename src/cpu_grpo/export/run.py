@@ -48,6 +48,11 @@ class Result:
     def passed(self) -> bool:
         return all(c.get("passed", True) for c in self.checks.values())
 
+    @property
+    def unchecked(self) -> str:
+        """Why the export could not be checked (llama.cpp crashed reading it), or ''."""
+        return next((c["error"] for c in self.checks.values() if c.get("unchecked")), "")
+
 
 def check(req: Request) -> Request:
     """The request with its defaults filled in, or a UserError naming what is wrong (before anything is loaded)."""

@@ -143,29 +143,27 @@ LLAMA_CPP_TOLERANCE = {"bf16": 0.05, "f16": 0.01, "q8_0": 0.2, "q4_k_m": 0.4, "q
 
 
 def llama_cpp_check(ref, ref_tok, gguf_file, questions: list[str], shape: tuple[str, str], quant: str) -> dict:
-    """Read the GGUF with llama.cpp itself (llama-cpp-python) and compare, on held-out prompts asked as the run asked
-    them, its tokens with the checkpoint tokenizer's and its logits at every position with the checkpoint's (`ref`
-    rounded as a bf16 or f16 file stores it: round_to, matrices only); a file llama.cpp cannot load fails, with
-    llama.cpp's reason."""
-    import llama_cpp
+    """Read the GGUF with llama.cpp itself (llama-cpp-python, in a child process: engine.llamacpp.isolated) and
+    compare, on held-out prompts asked as the run asked them, its tokens with the checkpoint tokenizer's and its logits
+    at every position with the checkpoint's (`ref` rounded as a bf16 or f16 file stores it: round_to, matrices only);
+    a file llama.cpp cannot load fails, with llama.cpp's reason. A crash in llama.cpp raises NativeCrash."""
+    from ..engine.llamacpp import isolated
 
     check = {"kind": "llama.cpp", "prompts": len(questions), "quant": quant}
     texts = [prompt.chat_prompt(ref_tok, q, ref_tok.chat_template, *shape) for q in questions]
     longest = max(len(ref_tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
-    try:  # a context as long as the longest prompt: logits_all keeps (n_ctx, vocab) scores
-        llm = llama_cpp.Llama(model_path=str(gguf_file), n_ctx=min(1024, longest + 8), logits_all=True,
-                              verbose=False)
-    except Exception as e:  # llama.cpp's loader says why in its log; the binding raises a plain ValueError
+    try:  # a context as long as the longest prompt
+        llm = isolated(gguf_file, 1, min(1024, longest + 8), torch.get_num_threads())
+    except ValueError as e:  # llama.cpp's loader says why in its log
         return {**check, "passed": False, "error": f"llama.cpp cannot load the file ({str(e).splitlines()[0][:160]})"}
     worst, same_tokens, agree, total = 0.0, True, 0, 0
-    for text in texts:
-        ids = ref_tok(text, add_special_tokens=False)["input_ids"][:1000]
-        same_tokens &= llm.tokenize(text.encode(), add_bos=False, special=True)[:1000] == ids
-        llm.reset()
-        llm.eval(ids)
-        theirs, mine = torch.tensor(llm.scores[:len(ids)]).float(), _logits(ref, ids)
-        worst = max(worst, float((theirs - mine).abs().max() / mine.abs().max()))
-        agree, total = agree + int((theirs.argmax(-1) == mine.argmax(-1)).sum()), total + len(ids)
+    with llm:
+        for text in texts:
+            ids = ref_tok(text, add_special_tokens=False)["input_ids"][:1000]
+            same_tokens &= llm.tokenize(text)[:1000] == ids
+            theirs, mine = torch.from_numpy(llm.logits(ids)).float(), _logits(ref, ids)
+            worst = max(worst, float((theirs - mine).abs().max() / mine.abs().max()))
+            agree, total = agree + int((theirs.argmax(-1) == mine.argmax(-1)).sum()), total + len(ids)
     tolerance = LLAMA_CPP_TOLERANCE.get(quant, 0.3)
     return {**check, "tokens_identical": same_tokens, "max_logit_diff_share": worst, "tolerance": tolerance,
             "argmax_agreement": agree / max(total, 1), "passed": same_tokens and worst <= tolerance}

@@ -106,6 +106,7 @@ def facts(seconds: float = 2.0) -> dict:
     import torch
 
     from ..engine.arch import ARCHS
+    from ..engine.llamacpp import cpu_paths
     from ..engine.models import ALIASES, bf16_supported, cache_dir
     from ..engine.threads import set_threads
 
@@ -124,7 +125,27 @@ def facts(seconds: float = 2.0) -> dict:
                           "int8": round(int8_gops(seconds / 3))},
         "jemalloc": find_jemalloc(), "model_cache": str(cache_dir()), "models_cached": cached,
         "extras": {module: _version(module) for module in EXTRAS}, "fast_path": list(ARCHS),
+        "llama_cpp": llama_cpp_paths(cpu_paths()),
     }
+
+
+def llama_cpp_paths(paths: list[str]) -> dict | None:
+    """The CPU paths of the installed llama.cpp build (`paths`: engine.llamacpp.cpu_paths) and the one its matmuls
+    take: AMX is left off where it is built in (engine.llamacpp: it crashed on the Intel build machine); None where
+    llama-cpp-python is not installed.
+
+    >>> llama_cpp_paths(["AVX2", "AVX512", "AMX_INT8", "REPACK"])
+    {'paths': ['AVX2', 'AVX512', 'AMX_INT8', 'REPACK'], 'matmuls': 'AVX512', 'amx_off': True}
+    >>> llama_cpp_paths(["AVX2", "AVX512", "REPACK"])["matmuls"], llama_cpp_paths([])
+    ('AVX512', None)
+    """
+    from ..engine.llamacpp import extra_buffers_safe
+
+    if not paths:
+        return None
+    used = next((p for p in ("AMX_INT8", "AVX512", "AVX2", "AVX") if p in paths and
+                 (p != "AMX_INT8" or extra_buffers_safe(paths))), "scalar")
+    return {"paths": paths, "matmuls": used, "amx_off": "AMX_INT8" in paths and not extra_buffers_safe(paths)}
 
 
 def _version(module: str) -> str | None:
@@ -178,6 +199,13 @@ def int8_advice(f: dict) -> str:
             "their correction: rollouts stay in bf16 unless you choose int8.")
 
 
+def _llama_line(c: dict | None) -> str:
+    if c is None:
+        return "not installed (pip install llama-cpp-python: exports are then read back by llama.cpp itself)"
+    off = " (its AMX path is built in but left off: it crashes on batches of more than one token, docs/export.md)"
+    return f"built with {', '.join(c['paths'])}; matmuls on {c['matmuls']}{off if c['amx_off'] else ''}"
+
+
 def render(f: dict) -> str:
     flags = ", ".join(f"{label} {'yes' if ok else 'no'}" for label, ok in f["flags"].items())
     models = ", ".join(f["models_cached"]) or "none yet (the first run fetches its model)"
@@ -196,6 +224,7 @@ def render(f: dict) -> str:
         f"models      {f['model_cache']}: {models}",
         f"fast path   {', '.join(f['fast_path'])} (model_type; others run the generic transformers forward, slower)",
         f"extras      {extras}",
+        f"llama.cpp   {_llama_line(f['llama_cpp'])}",
         "",
         *[f"- {line}" for line in advice(f)],
     ]
