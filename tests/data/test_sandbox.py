@@ -219,6 +219,27 @@ def test_what_hangs_or_forks_dies_with_the_sandbox(program, why):
     assert why.startswith("a forked child") or not result.passed, why
 
 
+def test_without_a_sandbox_what_a_program_left_behind_dies_with_it(monkeypatch):
+    """--allow-unisolated-code: no pid namespace to end; children a program left running in sessions of their own
+    are found by their run's mark and killed when its scoring ends."""
+    import psutil
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation("none", "bubblewrap is not installed"))
+    program = ("import subprocess\nfor _ in range(3):\n    p = subprocess.Popen(['sleep', '27.1828'], "
+               "start_new_session=True)\n    print(p.pid, flush=True)")
+    result = sandbox.run_python(program, FAST)
+    pids = [int(x) for x in result.output.split()]
+    assert result.passed and len(pids) == 3, result.output
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert not any(map(alive, pids)) and not _left_behind("27.1828")
+
+
 def test_memory_disk_and_output_are_capped():
     result = sandbox.run_python("x = bytearray(10 * 2**30)", FAST)
     assert not result.passed and "MemoryError" in result.output

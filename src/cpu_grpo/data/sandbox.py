@@ -235,7 +235,8 @@ def _run(iso: Isolation, program: str, limits: Limits, mode: str, spec: dict | N
         prefix = [_SETPRIV, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"] if drop and _SETPRIV \
             else []
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp" if iso.name == "bubblewrap" else str(work),
-               "TMPDIR": "/tmp" if iso.name == "bubblewrap" else str(work), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+               "TMPDIR": "/tmp" if iso.name == "bubblewrap" else str(work), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+               RUN_MARK: tmp}
         read_fd, write_fd = os.pipe()
         os.write(write_fd, seccomp_filter() or b"")
         os.close(write_fd)
@@ -254,6 +255,8 @@ def _run(iso: Isolation, program: str, limits: Limits, mode: str, spec: dict | N
                 status = "timeout"
             finally:
                 _kill_group(proc)
+                if iso.name == "none":
+                    _kill_marked(tmp)
         output = Path(tmp, "out.txt").read_bytes()[-2000:].decode(errors="replace")
         with open(Path(tmp, "values.jsonl"), "rb") as f:
             lines = f.read(4 << 20).decode(errors="replace").splitlines()
@@ -291,6 +294,22 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+RUN_MARK = "CPU_GRPO_SANDBOX_RUN"  # in the environment of every process a program starts: its run's folder
+
+
+def _kill_marked(run: str) -> None:
+    """Without bubblewrap's pid namespace, processes a program left behind in sessions of their own (which killpg
+    does not reach) are found by their run's mark in their environment, and killed."""
+    import psutil
+
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(RUN_MARK) == run:
+                p.kill()
+        except (psutil.Error, OSError):
+            pass
 
 
 def run_many(pairs: list[tuple[str, str]], limits: Limits = Limits(), workers: int | None = None) -> list[Result]:
