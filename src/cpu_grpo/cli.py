@@ -39,6 +39,8 @@ def config_from(args) -> tuple[config_mod.TrainConfig, str]:
 
 
 def cmd_train(args) -> int:
+    if hasattr(args, "nproc"):
+        launch.check_counts(args)
     if (getattr(args, "nproc", 1) > 1 or getattr(args, "nnodes", 1) > 1) and not launch.launched():
         return launch.torchrun(args)  # torchrun in this process, our arguments
     from .engine.threads import wait_passively_when_busy

@@ -195,3 +195,13 @@ def test_files_as_spreadsheets_and_pandas_write_them_load_right_or_say_why(tmp_p
     for name in ("cut.parquet", "text.parquet"):
         with pytest.raises(TaskError, match=f"{name}: not a readable Parquet file .*write it again"):
             load_task(str(tmp_path / name), split=None)
+
+
+def test_a_chat_role_no_template_knows_names_the_row(tmp_path):
+    """A template that renders any role name (the tiny models', SmolLM2's) would take a 'robot' turn in silence."""
+    rows = ['{"prompt": [{"role": "user", "content": "What is 1 + 1?"}], "answer": "2"}',
+            '{"prompt": [{"role": "robot", "content": "What is 2 + 2?"}], "answer": "4"}']
+    path = write(tmp_path, rows, "chat.jsonl")
+    with pytest.raises(TaskError, match=r"chat.jsonl:2: its 'prompt' messages have the role 'robot', which chat "
+                                        r"templates do not know: use assistant, system, tool, user\. Fix the line"):
+        load_jsonl(path)

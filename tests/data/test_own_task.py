@@ -60,6 +60,11 @@ def test_chat_prompts_a_column_map_and_a_saved_dataset(tmp_path):
                           "test": datasets.Dataset.from_list(rows[20:])}).save_to_disk(str(tmp_path / "saved"))
     test = load_task(str(tmp_path / "saved"), split="test", fmt=fmt)
     assert [e.answer for e in test] == [str(i) for i in range(20, 30)]  # the dataset's own test split, whole
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:20]),
+                          "test": datasets.Dataset.from_list(rows[:10])}).save_to_disk(str(tmp_path / "twins"))
+    with pytest.warns(UserWarning), pytest.raises(TaskError, match=r"twins: every one of its 10 held-out rows "
+                                                                   r"repeats a training row .*give a test split"):
+        load_task(str(tmp_path / "twins"), split="test", fmt=fmt)
 
 
 @pytest.mark.parametrize("rows, words", [

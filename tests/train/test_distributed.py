@@ -271,3 +271,14 @@ def test_nnodes_without_an_endpoint_says_what_it_needs(tmp_path):
     assert p.returncode == 2 and p.stderr.strip() == ("cpu-grpo: --nnodes 2 needs --rdzv-endpoint HOST:PORT (the "
                                                       "machine of --node-rank 0) and this machine's --node-rank (0 to "
                                                       "nnodes - 1)."), p.stderr
+
+
+@pytest.mark.parametrize("flag", ["--nnodes", "--nproc"])
+def test_no_machines_or_no_processes_are_refused_in_one_sentence(flag, tmp_path, capsys):
+    from cpu_grpo.cli import main
+
+    assert main(["train", flag, "0", "--output-dir", str(tmp_path / "run")]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"cpu-grpo: {flag} counts the ") and said.endswith("not 0 (1, the default, trains in "
+                                                                            "this process alone)."), said
+    assert not (tmp_path / "run").exists()

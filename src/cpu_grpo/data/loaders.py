@@ -63,11 +63,17 @@ def to_example(row: dict, id_: str, fmt: RowFormat = RowFormat(), name: str = ""
                      "the prompt's column with --prompt-column, or rename columns with --column-map 'yours:prompt'")
 
 
+ROLES = {"system", "user", "assistant", "tool"}  # the chat roles of TRL's conversational rows
+
+
 def _own_example(row: dict, id_: str, column: str, name: str) -> Example:
     prompt = row[column]
     chat = isinstance(prompt, list) and prompt and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt)
     if chat:
+        if unknown := sorted({m["role"] for m in prompt} - ROLES):
+            raise ValueError(f"its {column!r} messages have the role {unknown[0]!r}, which chat templates do not "
+                             f"know: use {', '.join(sorted(ROLES))}")
         question, messages = "\n".join(m["content"] for m in prompt), tuple(dict(m) for m in prompt)
     elif isinstance(prompt, str) and prompt.strip():
         question, messages = prompt, ()
@@ -145,6 +151,10 @@ def load_file(spec: str, split: str | None = "train", n: int | None = None, fmt:
     if split is None:
         return marked[:n]
     mine = [ex for ex in marked if ex.split == "test"]
+    if not mine and twins:
+        raise TaskError(f"{spec}: every one of its {twins} held-out rows repeats a training row (the same prompt, "
+                        "spaces aside), so nothing is left to evaluate on: give a test split of problems the "
+                        "training split does not hold.")
     if not mine:
         raise TaskError(f"{spec}: none of its questions falls in the {split} split (a fifth of them, by a hash "
                         "of the text, is held out): give a file with more problems.")

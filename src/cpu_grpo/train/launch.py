@@ -33,6 +33,14 @@ def add_arguments(p) -> None:
                         "network, where its host name does not resolve to it")
 
 
+def check_counts(args) -> None:
+    """--nproc and --nnodes count processes and machines: at least one each, else a UserError that says so."""
+    for flag, n, what in (("--nproc", args.nproc, "processes on this machine"), ("--nnodes", args.nnodes, "machines")):
+        if n < 1:
+            raise UserError(f"{flag} counts the {what} that train: give 1 or more, not {n} (1, the default, trains "
+                            "in this process alone).")
+
+
 LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id", "--join-timeout", "--local-addr")
 
 
