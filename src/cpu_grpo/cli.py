@@ -254,16 +254,10 @@ def cmd_export(args) -> int:
     print(f"wrote {result.out} ({', '.join(result.files)}); see {result.out / 'export.md'}")
     if result.command:
         print(f"Ollama: {result.command}")
-    if result.unchecked:
-        print(f"cpu-grpo: {result.unchecked}: the file is kept at {result.out}, marked unchecked in export.md; read it "
-              "with llama.cpp before you use it (llama-cli -m FILE), and report the crash with `cpu-grpo doctor`'s "
-              "output (docs/export.md).", file=sys.stderr)
-        return 3
-    if not result.passed:
-        print("cpu-grpo: the export does not match its checkpoint (see the verification in export.md): do not use "
-              "it; report this with export.md attached.", file=sys.stderr)
-        return 1
-    return 0
+    code, sentence = result.verdict()
+    if sentence:
+        print(f"cpu-grpo: {sentence}", file=sys.stderr)
+    return code
 
 
 def cmd_app(args) -> int:

@@ -261,3 +261,25 @@ def test_on_a_busy_machine_threads_wait_passively_one_per_core_unless_the_user_c
         for p in busy:
             p.kill()
             p.wait()
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_an_alias_shipped_config_plans_as_its_fetched_model(real_cache, alias):
+    """`cpu-grpo plan` reads an alias's shapes from the config shipped with the package (engine/configs/) until
+    the model is fetched: the shapes are those of the model the fetch makes. The default model is fetched for this
+    (once); the 0.5B only where it is already on the machine (491 MB)."""
+    from transformers import AutoConfig
+
+    from cpu_grpo.engine.configs import fetched, shipped_config
+    from cpu_grpo.machine.planner import Shapes
+
+    if alias != "smollm2-135m" and not fetched(alias):
+        pytest.skip(f"{alias} is not fetched here: `cpu-grpo eval --model {alias} --n 1` fetches it")
+    try:
+        real = AutoConfig.from_pretrained(resolve_model(alias, log=lambda *a: None))
+    except ModelError as e:
+        pytest.skip(f"{alias} not available: {e}")
+    shipped, theirs = Shapes.of(shipped_config(alias)), Shapes.of(real)
+    assert (shipped.params, shipped.lora_params, shipped.layers, shipped.hidden, shipped.vocab, shipped.fast) == \
+        (theirs.params, theirs.lora_params, theirs.layers, theirs.hidden, theirs.vocab, theirs.fast)

@@ -64,7 +64,7 @@ def test_step_one_of_gsm8k_and_a_level_is_as_before(tmp_path, monkeypatch):
     assert completions == pinned[machine_kind()]
 
 
-if __name__ == "__main__":  # python tests/train/test_task_pin.py OUT_DIR: write the reference, this machine's completions
+if __name__ == "__main__":  # python tests/train/test_task_pin.py OUT_DIR: the reference, this machine's completions
     import sys
 
     got = step_one(Path(sys.argv[1]))

@@ -94,7 +94,7 @@ def resolve_model(spec: str, log=print) -> str:
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelError(f"model '{spec}' is neither a directory, a .gguf file, an alias ({_aliases()}) "
                          "nor a hub id like 'org/name': check the spelling or the path.")
-    local = _hub_cache_hit(spec)
+    local = hub_cache_hit(spec)
     if local or hub_reachable():
         return local or spec
     raise ModelError(f"model '{spec}' is not in the local Hugging Face cache and the hub cannot be reached: "
@@ -156,7 +156,7 @@ def _aliases() -> str:
     return ", ".join(ALIASES)
 
 
-def _hub_cache_hit(hub_id: str) -> str | None:
+def hub_cache_hit(hub_id: str) -> str | None:
     try:
         from huggingface_hub import snapshot_download
 
@@ -170,7 +170,7 @@ def _resolve_alias(name: str, log) -> str:
     converted = cache_dir() / "models" / name
     if (converted / "config.json").exists():
         return str(converted)
-    local = _hub_cache_hit(alias.hub_id)
+    local = hub_cache_hit(alias.hub_id)
     if local:
         return local
     if hub_reachable():

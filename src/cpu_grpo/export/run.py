@@ -48,10 +48,17 @@ class Result:
     def passed(self) -> bool:
         return all(c.get("passed", True) for c in self.checks.values())
 
-    @property
-    def unchecked(self) -> str:
-        """Why the export could not be checked (llama.cpp crashed reading it), or ''."""
-        return next((c["error"] for c in self.checks.values() if c.get("unchecked")), "")
+    def verdict(self) -> tuple[int, str]:
+        """`cpu-grpo export`'s exit code and, unless it passed, its last sentence: 3 when the export could not be
+        checked (llama.cpp crashed reading it back), 1 when it does not match its checkpoint."""
+        if why := next((c["error"] for c in self.checks.values() if c.get("unchecked")), ""):
+            return 3, (f"{why}: the file is kept at {self.out}, marked unchecked in export.md; read it with llama.cpp "
+                       "before you use it (llama-cli -m FILE), and report the crash with `cpu-grpo doctor`'s output "
+                       "(docs/export.md).")
+        if not self.passed:
+            return 1, ("the export does not match its checkpoint (see the verification in export.md): do not use "
+                       "it; report this with export.md attached.")
+        return 0, ""
 
 
 def check(req: Request) -> Request:

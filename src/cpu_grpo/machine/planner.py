@@ -111,15 +111,20 @@ class Shapes:
 
     @classmethod
     def of_model(cls, spec: str) -> Shapes:
-        """The shapes of a model given as `--model` takes it, from its config.json (fetched like a run would, and
-        said on stderr when it is: an alias fetched from PyPI takes a minute and gigabytes, once)."""
+        """The shapes of a model given as `--model` takes it, from its config.json: an alias's shipped with the
+        package where it is not fetched yet (said on stderr: the first run fetches it), else the model's own
+        (resolved like a run would: a hub id's config is downloaded)."""
         from transformers import AutoConfig
 
-        from ..engine.models import resolve_model
+        from ..engine.configs import fetched, shipped_config
+        from ..engine.models import ALIASES, resolve_model
 
         def say(*words) -> None:
             print("plan:", *words, file=sys.stderr, flush=True)
 
+        if spec in ALIASES and not fetched(spec) and (config := shipped_config(spec)) is not None:
+            say(f"{spec} is not on this machine yet: planned from its config; the first run fetches it (once)")
+            return cls.of(config)
         return cls.of(AutoConfig.from_pretrained(resolve_model(spec, log=say)))
 
     @classmethod
