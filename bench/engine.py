@@ -162,7 +162,8 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
     out = []
     for cell in cells:
         b, g, new = map(int, cell.split("x"))
-        run.cfg = cfg = config.build("default", None, {**base, "num_generations": g})
+        cfg = config.build("default", None, {**base, "num_generations": g})
+        run = dataclasses.replace(run, cfg=cfg)  # a Run is frozen (issue 66)
         roll, train, frac, mbs = [], [], [], []
         for r in range(reps + 1):
             batch = problems[r * b:(r + 1) * b]
@@ -176,8 +177,9 @@ def _bench_default(machine: Machine, cells: list[str], reps: int, setup: str, fi
                               sampler_logps=logps if corrected else None)
             adv = torch.randn(len(comps), generator=gen)
             t = time.perf_counter()
-            batch = update.prepare(run, ref, rollout, adv, new)  # as grpo_step: prepare, backward, step
-            update.backward(run, batch)
+            learner = update.Learner.of(run)  # as grpo_step: prepare, backward, step
+            batch = update.prepare(learner, ref, rollout, adv, new)
+            update.backward(learner, batch)
             run.opt.step()
             run.sampler.refresh()
             t_train = time.perf_counter() - t

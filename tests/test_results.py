@@ -17,8 +17,9 @@ R = ROOT / "results"
 DEFAULT = ["default-seed0", "default-seed1", "default-seed2"]  # seeds 0, 1, 2
 
 
-def load(path: Path, renumber_from: int = 0) -> dict[str, bool]:
-    """id -> correct; the GSM8K files of lines 501-1319 are renamed test.jsonl:N as experiments/gsm8k_merge.py does."""
+def load(path: Path, renumber_from: int = 0, field: str = "correct") -> dict[str, bool]:
+    """id -> (level, `field`: correct, or correct_strict for lm-eval's strict match); the GSM8K files of lines
+    501-1319 are renamed test.jsonl:N as experiments/gsm8k_merge.py does."""
     with gzip.open(path, "rt") as f:
         records = [json.loads(line) for line in f]
     out = {}
@@ -26,7 +27,7 @@ def load(path: Path, renumber_from: int = 0) -> dict[str, bool]:
         key = r["id"]
         if renumber_from:
             key = f"test.jsonl:{renumber_from + int(key.rsplit(':', 1)[1])}"
-        out[key] = (r["difficulty"], r["correct"])
+        out[key] = (r["difficulty"], bool(r[field]))
     return out
 
 
@@ -36,16 +37,17 @@ def gsm8k_1319(first_500: Path, rest: Path | None) -> dict:
 
 
 def pairs() -> dict[tuple[str, str], list[tuple[dict, dict]]]:
-    """(profile, level) -> one (before, after) pair of id -> (level, correct) maps per seed."""
-    demo = [(load(R / f"demo-recipe/bf16-seed{s}/eval_before.jsonl.gz"),
-             load(R / f"demo-recipe/bf16-seed{s}/eval_after.jsonl.gz")) for s in range(3)]
+    """(profile, level as README names it) -> one (before, after) pair of id -> (level, correct) maps per seed."""
+    demo, strict = ([(load(R / f"demo-format/seed{s}/eval_before.jsonl.gz", field=field),
+                      load(R / f"demo-format/seed{s}/eval_after.jsonl.gz", field=field)) for s in range(3)]
+                    for field in ("correct", "correct_strict"))
     default = [(load(R / run / "eval_before.jsonl.gz"), load(R / run / "eval_after.jsonl.gz")) for run in DEFAULT]
     full = R / "default-gsm8k-full"
     base = gsm8k_1319(R / "default-gsm8k-first500-seed1/base.jsonl.gz", full / "base.jsonl.gz")
     gsm8k = [(base, gsm8k_1319(R / "default-gsm8k-first500-seed0/seed0.jsonl.gz", full / "seed0.jsonl.gz")),
              (base, gsm8k_1319(R / "default-gsm8k-first500-seed1/seed1.jsonl.gz", full / "seed1.jsonl.gz")),
              (base, load(R / "default-seed2/gsm8k-1319.jsonl.gz"))]
-    out = {("demo", "basic"): demo, ("default", "gsm8k"): gsm8k}
+    out = {("demo", "basic"): demo, ("demo", "basic, strict `#### N`"): strict, ("default", "gsm8k"): gsm8k}
     for level in ("basic", "intermediate", "advanced"):
         out[("default", level)] = default
     return out
@@ -87,7 +89,7 @@ def readme_rows() -> dict[tuple[str, str], list[str]]:
 
 def test_readme_results_table_recomputes_from_the_cards():
     printed = readme_rows()
-    computed = {key: row(key[1], seeds) for key, seeds in pairs().items()}
+    computed = {key: row(key[1].split(",")[0], seeds) for key, seeds in pairs().items()}
     assert set(printed) == set(computed)
     for key, cells in computed.items():
         assert printed[key] == cells, f"{key}: README prints {printed[key]}, the cards give {cells}"
@@ -141,3 +143,10 @@ def test_a_suite_run_repeated_makes_the_same_predictions_and_steps():
         steps = [[(s["reward"], s["loss"]) for s in map(json.loads, (run / "metrics.jsonl").open())]
                  for run in (first, repeat)]
         assert steps[0] == steps[1], repeat.name
+
+
+def test_demo_format_table_recomputes_from_the_cards():
+    """results/demo-format/PLAN.md's result lists every seed of the demo run at its shipped recipe, as
+    experiments/demo_format_table.py computes it from the cards' per-problem files."""
+    printed, computed = table_rows("demo_format_table", R / "demo-format" / "PLAN.md", "demo-format table")
+    assert printed == computed
