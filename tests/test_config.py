@@ -103,7 +103,8 @@ def test_validate_after_mutation():
 
 def test_build_without_anything_is_the_defaults():
     assert build() == TrainConfig()
-    assert build(profile="demo") == TrainConfig()
+    # the demo is the defaults but for its format reward's weight (results/demo-format)
+    assert build(profile="demo") == TrainConfig(reward_weights=[1.0, 1.0])
 
 
 def test_default_profile_is_the_curriculum_with_replay():
