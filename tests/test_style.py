@@ -23,6 +23,12 @@ def test_functions_are_small():
                 assert n <= 60, f"{path.name}:{node.name} has {n} lines"
 
 
+def _is_module(name: str) -> bool:
+    """A module of the package: a file, or a package whose __init__ holds names (the root's lazy ones too)."""
+    where = SRC.parent / name.replace(".", "/")
+    return where.with_suffix(".py").exists() or (where / "__init__.py").exists()
+
+
 def _imports(path: Path) -> set[str]:
     """The package's modules that `path` imports anywhere in it (top level or inside a function)."""
     package = path.relative_to(SRC.parent).with_suffix("").parts[:-1]  # ("cpu_grpo",) or ("cpu_grpo", "app")
@@ -35,8 +41,9 @@ def _imports(path: Path) -> set[str]:
             module = node.module
         else:
             continue
-        targets = [module] + [f"{module}.{a.name}" for a in node.names]  # `from .eval import stats`: a module too
-        out |= {t for t in targets if (SRC.parent / (t.replace(".", "/") + ".py")).exists()}
+        for name in node.names:  # `from .eval import stats`: the module stats; `from . import x`: the package's x
+            sub = f"{module}.{name.name}"
+            out |= {sub} if _is_module(sub) else {module} if _is_module(module) else set()
     return out
 
 

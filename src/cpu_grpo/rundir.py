@@ -14,10 +14,15 @@ from .errors import RunDirError
 
 
 def code_version() -> str:
-    """The git commit of this source tree ("-dirty" when the package has uncommitted changes), else the version."""
+    """The git commit of this source tree ("-dirty" when the package has uncommitted changes), else the installed
+    package's version (read from its metadata: this module sits below the package root)."""
     import subprocess
+    from importlib.metadata import PackageNotFoundError, version
 
-    from . import __version__
+    try:
+        __version__ = version("cpu-grpo")
+    except PackageNotFoundError:
+        __version__ = "unknown"
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(Path(__file__).parent), *args], capture_output=True, text=True,
