@@ -7,14 +7,13 @@ number (the demo's judge) with its change, 95% interval and McNemar's exact p; l
 number right: the format the demo asks for) before and after, with its own change and p; the run's minutes and peak.
 """
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-from cpu_grpo.eval import stats  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tasks_table import change, records  # noqa: E402  (a paired change as printed; a card's records)
 
 CARDS = ROOT / "results" / "demo-format"
 HEADER = ("| seed | before | after | change (95% CI) | McNemar p | strict before | strict after | strict change "
@@ -22,29 +21,17 @@ HEADER = ("| seed | before | after | change (95% CI) | McNemar p | strict before
           "|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
 
 
-def records(path: Path) -> dict[str, dict]:
-    with gzip.open(path, "rt") as f:
-        return {r["id"]: r for r in map(json.loads, f)}
-
-
-def _change(cmp: dict) -> str:
-    text = f"{100 * cmp['diff']:+.1f} ({100 * cmp['ci95'][0]:+.1f} to {100 * cmp['ci95'][1]:+.1f})"
-    return f"**{text}**" if cmp["significant"] else text
-
-
 def row(card: Path) -> str:
     before, after = records(card / "eval_before.jsonl.gz"), records(card / "eval_after.jsonl.gz")
     ids = sorted(set(before) & set(after))
-    last = stats.paired_comparison([before[i]["correct"] for i in ids], [after[i]["correct"] for i in ids])
+    lb, la = [before[i]["correct"] for i in ids], [after[i]["correct"] for i in ids]
     sb, sa = [bool(before[i]["correct_strict"]) for i in ids], [bool(after[i]["correct_strict"]) for i in ids]
-    strict = stats.paired_comparison(sb, sa)
     summary = json.loads((card / "summary.json").read_text())
     peak = max(json.loads(line)["peak_rss_mb"] for line in (card / "metrics.jsonl").open()) / 1024
     pct = lambda xs: f"{100 * sum(xs) / len(xs):.1f}%"  # noqa: E731
-    return (f"| {summary['seed']} | {pct([before[i]['correct'] for i in ids])} | "
-            f"{pct([after[i]['correct'] for i in ids])} | {_change(last)} | {last['p_value']:.2g} | {pct(sb)} | "
-            f"{pct(sa)} | {_change(strict)} | {strict['p_value']:.2g} | {summary['wall_seconds'] / 60:.1f} | "
-            f"{peak:.1f} | {summary['commit'][:7]} |")
+    return (f"| {summary['seed']} | {pct(lb)} | {pct(la)} | {' | '.join(change(lb, la))} | {pct(sb)} | {pct(sa)} | "
+            f"{' | '.join(change(sb, sa))} | {summary['wall_seconds'] / 60:.1f} | {peak:.1f} | "
+            f"{summary['commit'][:7]} |")
 
 
 def rows() -> list[str]:
