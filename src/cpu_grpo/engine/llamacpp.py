@@ -50,6 +50,14 @@ def extra_buffers_safe(paths: list[str]) -> bool:
     return "AMX_INT8" not in paths
 
 
+def _model_params(default):
+    """llama.cpp's model parameters from `default` (llama_model_default_params), extra buffer types off where the
+    build has AMX (see the module)."""
+    p = default()
+    p.use_extra_bufts = extra_buffers_safe(cpu_paths())
+    return p
+
+
 class LlamaCpp:
     """A GGUF model and a context of `rows` KV streams of `ctx_per_row` tokens each, decoding at most `batch` tokens
     at a time (llama.cpp keeps a batch's logits: `batch` x vocabulary floats); a context manager that frees them."""
@@ -60,10 +68,8 @@ class LlamaCpp:
         self.L = L
         _quiet(L)
         L.llama_backend_init()
-        mp = L.llama_model_default_params()
-        mp.use_extra_bufts = extra_buffers_safe(cpu_paths())
         _ERRORS.clear()
-        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        self.model = L.llama_model_load_from_file(str(path).encode(), _model_params(L.llama_model_default_params))
         if not self.model:
             raise ValueError(_ERRORS[-1] if _ERRORS else f"llama.cpp cannot load {path}")
         p = L.llama_context_default_params()
@@ -171,13 +177,7 @@ def high_level(path: Path, **kw):
     import llama_cpp.llama_cpp as C
 
     default = C.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = extra_buffers_safe(cpu_paths())
-        return p
-
-    C.llama_model_default_params = params
+    C.llama_model_default_params = lambda: _model_params(default)
     try:
         return llama_cpp.Llama(model_path=str(path), **kw)
     finally:
